@@ -1,0 +1,52 @@
+# keylane: `make run` starts broker + topics + worker on this machine; `make test` runs every check.
+# Both install what they need first (a virtualenv in .venv, apt packages, the Kafka jars).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+BROKER := $(PY) deploy/kafka/local_kafka.py
+PYTEST_ARGS ?=
+
+.PHONY: help install system-deps lint test run broker broker-stop cluster clean
+
+help:
+	@echo "make run          install, start a local Kafka, apply topics, run a worker (Ctrl-C stops all)"
+	@echo "make test         install, lint, type-check and run every test against a real broker"
+	@echo "make broker       start a local single-node Kafka 3.9 (NODES=3 for a cluster) and print its address"
+	@echo "make broker-stop  stop the local Kafka started by 'make broker'"
+	@echo "make lint         ruff and mypy --strict"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,dev]'
+	@touch $@
+
+system-deps:
+	@deploy/install-system-deps.sh
+
+install: system-deps $(STAMP)
+	@$(BROKER) jars >/dev/null
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+# pytest exits 5 when it collected nothing; make treats that like any other failure.
+test: lint
+	$(PY) -m pytest -v $(PYTEST_ARGS)
+
+run: install
+	$(PY) deploy/run_local.py
+
+broker: install
+	@$(BROKER) start --nodes $(or $(NODES),1)
+
+broker-stop:
+	@$(PYTHON) deploy/kafka/local_kafka.py stop
+
+clean: broker-stop
+	rm -rf .kafka-local .keylane-data $(VENV)

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the system tools keylane's tests and local broker need, with apt-get, when missing:
+# kcat (a real third-party Kafka client for end-to-end tests), Maven and a Java 17 runtime
+# (they fetch and run the Apache Kafka broker from Maven Central jars).
+set -euo pipefail
+
+need=()
+command -v kcat >/dev/null || need+=(kcat)
+command -v mvn >/dev/null || need+=(maven)
+command -v java >/dev/null || need+=(openjdk-17-jre-headless)
+[ ${#need[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -eq 0 ]; then
+  sudo=()
+elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+  sudo=(sudo)
+else
+  echo "keylane: missing ${need[*]}: run 'sudo apt-get install -y ${need[*]}' and retry" >&2
+  exit 1
+fi
+
+echo "installing ${need[*]} with apt-get"
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

@@ -1,0 +1,189 @@
+"""The ``keylane`` command: topic administration and the worker.
+
+Every operator error (bad flag, bad setting, unreachable broker, topic drift) prints one
+line naming the fix and exits non-zero; tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from service.catalog import Catalog, load_catalog
+from service.config import Settings
+from service.errors import KeylaneError
+from service.topic_admin import admin_client, apply_catalog, inspect_catalog
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the command ran and found a problem (drift, refusal, unreachable broker)
+EXIT_USAGE = 2  # the command line itself is wrong
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line and points at --help."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
+def _connection_options() -> _Parser:
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--bootstrap-servers",
+        metavar="HOST:PORT[,...]",
+        help="Kafka bootstrap servers (env KEYLANE_BOOTSTRAP_SERVERS; default 127.0.0.1:9092)",
+    )
+    common.add_argument(
+        "--topic-prefix",
+        metavar="PREFIX",
+        help="prefix for every topic name (env KEYLANE_TOPIC_PREFIX; default none)",
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full command-line grammar; every subcommand has --help."""
+    common = _connection_options()
+    parser = _Parser(prog="keylane", description="A Kafka-native runtime for keyed LLM agents.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    topics = commands.add_parser("topics", help="create or check the topics in topics/catalog.toml")
+    topic_cmds = topics.add_subparsers(
+        dest="topics_command", required=True, metavar="ACTION", parser_class=_Parser
+    )
+    apply = topic_cmds.add_parser(
+        "apply",
+        parents=[common],
+        help="create missing topics; refuse when a partition count differs from the catalog",
+        description="Create missing catalog topics and fix drifted topic configs. Refuses, changing "
+        "nothing, when an existing topic's partition count differs from the catalog.",
+    )
+    apply.set_defaults(handler=_topics_apply)
+    check = topic_cmds.add_parser(
+        "check",
+        parents=[common],
+        help="report drift between the catalog and the broker; change nothing",
+        description="Report every difference between the catalog and the broker. Exit 1 on any drift.",
+    )
+    check.set_defaults(handler=_topics_check)
+    show = topic_cmds.add_parser("list", parents=[common], help="print the catalog with the prefix applied")
+    show.set_defaults(handler=_topics_list)
+
+    worker = commands.add_parser(
+        "worker",
+        parents=[common],
+        help="run a worker (for now: the echo agent)",
+        description="Run a keylane worker. It refuses to start until the catalog topics exist.",
+    )
+    worker.add_argument("--app-id", help="Faust application id / consumer group (env KEYLANE_APP_ID)")
+    worker.add_argument("--data-dir", help="directory for RocksDB tables (env KEYLANE_DATA_DIR)")
+    worker.set_defaults(handler=_worker)
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings.from_env(
+        bootstrap_servers=args.bootstrap_servers,
+        topic_prefix=args.topic_prefix,
+        app_id=getattr(args, "app_id", None),
+        data_dir=getattr(args, "data_dir", None),
+    )
+
+
+def _catalog(settings: Settings) -> Catalog:
+    return load_catalog(prefix=settings.topic_prefix, replication_factor=settings.replication_factor)
+
+
+def _topics_apply(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    catalog = _catalog(settings)
+
+    async def run() -> int:
+        async with admin_client(settings) as client:
+            result = await apply_catalog(client, catalog)
+        for name in result.created:
+            print(f"created      {name}")
+        for name in result.reconfigured:
+            print(f"reconfigured {name}")
+        for warning in result.warnings:
+            print(f"warning      {warning}")
+        verdict = "changed" if result.changed else "nothing to change"
+        print(
+            f"{len(result.created)} created, {len(result.reconfigured)} reconfigured, "
+            f"{len(result.unchanged)} unchanged: {verdict}"
+        )
+        return EXIT_OK
+
+    return asyncio.run(run())
+
+
+def _topics_check(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    catalog = _catalog(settings)
+
+    async def run() -> int:
+        async with admin_client(settings) as client:
+            reports = await inspect_catalog(client, catalog)
+        problems = 0
+        for report in reports:
+            if report.status == "ok":
+                print(f"ok       {report.spec.name}")
+            elif report.status == "missing":
+                problems += 1
+                print(f"missing  {report.spec.name}")
+            else:
+                problems += 1
+                print(f"drift    {report.spec.name}: " + "; ".join(str(d) for d in report.drifts))
+        if problems:
+            print(
+                f"{problems} of {len(reports)} topics differ from the catalog; "
+                "'keylane topics apply' fixes what it safely can"
+            )
+            return EXIT_FAILED
+        print(f"all {len(reports)} topics match the catalog")
+        return EXIT_OK
+
+    return asyncio.run(run())
+
+
+def _topics_list(args: argparse.Namespace) -> int:
+    catalog = _catalog(_settings(args))
+    print(f"{'topic':<40} {'partitions':>10} {'rf':>3} {'cleanup':<8} {'retention_ms':>12} {'max_bytes':>9}")
+    for spec in catalog:
+        print(
+            f"{spec.name:<40} {spec.partitions:>10} {spec.replication_factor:>3} {spec.cleanup_policy:<8} "
+            f"{spec.retention_ms:>12} {spec.max_message_bytes:>9}"
+        )
+    return EXIT_OK
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from service.worker import run_worker  # imports Faust; keep `keylane --help` fast
+
+    settings = _settings(args)
+    return run_worker(settings, _catalog(settings))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``keylane`` console script."""
+    args = build_parser().parse_args(argv)
+    if args.command == "topics":
+        # The admin client logs each failed connection attempt; the one-line error below
+        # says the same thing with the fix, so keep its noise off the terminal.
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except KeylaneError as exc:
+        print(f"keylane: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""The keylane error hierarchy: one root, a ``retriable`` flag on every class.
+
+Three families, by what the caller should do:
+
+* retriable (``retriable = True``): try again later, e.g. a broker that is not reachable yet;
+* permanent: the input or request is wrong; it goes to ``agent.errors`` or back to the user;
+* fatal: state is corrupt; crash and let the supervisor restart the worker.
+
+Messages of errors an operator must act on say what to do.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class KeylaneError(Exception):
+    """Root of every error keylane raises on purpose."""
+
+    retriable: ClassVar[bool] = False
+
+
+class ConfigError(KeylaneError):
+    """Configuration or command-line input is wrong; the message names the fix."""
+
+
+class BrokerUnavailable(KeylaneError):
+    """No Kafka broker answered at the configured bootstrap address."""
+
+    retriable = True
+
+
+class TopicDrift(KeylaneError):
+    """A topic on the broker contradicts the catalog in a way keylane refuses to paper over."""

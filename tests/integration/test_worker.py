@@ -1,0 +1,109 @@
+"""`keylane worker` as a process: it refuses missing topics and echoes kcat's records."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from service.catalog import EVENTS, OUTPUT, Catalog
+from service.config import Settings
+from tests.kafka_io import consume, kcat_produce
+
+pytestmark = pytest.mark.kafka
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def worker_env(settings: Settings, metrics_port: int = 0) -> dict[str, str]:
+    return {
+        **os.environ,
+        "KEYLANE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "KEYLANE_TOPIC_PREFIX": settings.topic_prefix,
+        "KEYLANE_APP_ID": settings.app_id,
+        "KEYLANE_DATA_DIR": str(settings.data_dir),
+        "KEYLANE_METRICS_PORT": str(metrics_port),
+    }
+
+
+def http_get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - a loopback URL we built
+        return int(response.status), response.read().decode()
+
+
+@pytest.fixture
+def metrics_port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+def worker(
+    settings: Settings, catalog: Catalog, tmp_path: Path, metrics_port: int
+) -> Iterator[subprocess.Popen[bytes]]:
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "worker"],
+            env=worker_env(settings, metrics_port),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    yield proc
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=30) == 0, log_path.read_text()[-2000:]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+async def test_worker_echoes_records_produced_by_kcat(
+    settings: Settings, catalog: Catalog, worker: subprocess.Popen[bytes]
+) -> None:
+    kcat_produce(settings, catalog.name(EVENTS), b"entity-1|first\nentity-2|second\n")
+
+    echoed = await consume(settings, catalog.name(OUTPUT), 2, timeout_s=60)
+
+    assert sorted(echoed) == [(b"entity-1", b"first"), (b"entity-2", b"second")]
+    assert worker.poll() is None, "the worker must keep running"
+
+
+async def test_worker_serves_prometheus_metrics(
+    settings: Settings, catalog: Catalog, worker: subprocess.Popen[bytes], metrics_port: int
+) -> None:
+    kcat_produce(settings, catalog.name(EVENTS), b"k|v\n")
+    await consume(settings, catalog.name(OUTPUT), 1, timeout_s=60)  # the worker is up by now
+
+    status, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{metrics_port}/metrics")
+
+    assert status == 200
+    assert "process_cpu_seconds_total" in body
+
+
+def test_worker_refuses_to_start_without_topics(settings: Settings) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "worker"],
+        env=worker_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("keylane: topics ")
+    assert result.stderr.strip().endswith("do not exist; run 'keylane topics apply' first")
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,52 @@
+"""Test helpers that read and write real topics: aiokafka for reading, kcat for writing."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+
+from aiokafka import AIOKafkaConsumer
+
+from service.config import Settings
+
+
+async def consume(
+    settings: Settings, topic: str, count: int, *, timeout_s: float = 30.0
+) -> list[tuple[bytes, bytes]]:
+    """Read ``count`` records from the start of ``topic`` (all partitions), or fail on timeout."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=settings.bootstrap_list,
+        group_id=f"{settings.app_id}-reader-{topic}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    records: list[tuple[bytes, bytes]] = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for message in consumer:
+                assert message.key is not None and message.value is not None
+                records.append((message.key, message.value))
+                if len(records) == count:
+                    break
+    except TimeoutError:
+        raise AssertionError(
+            f"only {len(records)} of {count} records arrived on {topic} within {timeout_s}s: {records}"
+        ) from None
+    finally:
+        await consumer.stop()
+    return records
+
+
+def kcat_produce(settings: Settings, topic: str, lines: bytes, *, key_delimiter: str = "|") -> None:
+    """Produce ``key<delim>value`` lines with kcat, a real third-party client (librdkafka)."""
+    kcat = shutil.which("kcat")
+    assert kcat is not None, "kcat is not installed: run 'make install' (it apt-get installs kcat)"
+    subprocess.run(
+        [kcat, "-b", settings.bootstrap_servers, "-t", topic, "-P", "-K", key_delimiter],
+        input=lines,
+        check=True,
+        timeout=30,
+    )
