@@ -21,6 +21,7 @@ import local_kafka  # noqa: E402  (a script beside this one, not an installed pa
 
 KEYLANE = [sys.executable, "-m", "service.cli"]
 WORKER_STOP_TIMEOUT_S = 30
+READY_LINE = b"[^Worker]: Ready"  # Faust's log line once partitions are assigned and recovered
 
 
 def main() -> int:
@@ -39,8 +40,11 @@ def main() -> int:
         applied = subprocess.run([*KEYLANE, "topics", "apply"], env=env, check=False)
         if applied.returncode != 0:
             return applied.returncode
-        worker = subprocess.Popen([*KEYLANE, "worker"], env=env)
-        _print_where(cluster.bootstrap, state_dir, env, reused=already_running is not None)
+        worker = subprocess.Popen(
+            [*KEYLANE, "worker"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        where = _where(cluster.bootstrap, state_dir, env, reused=already_running is not None)
+        _relay_output(worker, announce_when_ready=where)
         return worker.wait()
     except KeyboardInterrupt:
         print("\nmake run: stopping", flush=True)
@@ -67,25 +71,35 @@ def _stop(worker: subprocess.Popen[bytes]) -> None:
         worker.wait()
 
 
-def _print_where(bootstrap: str, state_dir: Path, env: dict[str, str], *, reused: bool) -> None:
+def _relay_output(worker: subprocess.Popen[bytes], *, announce_when_ready: str) -> None:
+    """Copy the worker's log to our stdout, and print where things are once it is ready, so
+    the addresses are the last thing on screen rather than scrolled away by start-up logs."""
+    assert worker.stdout is not None
+    announced = False
+    for line in worker.stdout:
+        sys.stdout.buffer.write(line)
+        if not announced and READY_LINE in line:
+            sys.stdout.buffer.write(announce_when_ready.encode())
+            announced = True
+        sys.stdout.flush()
+
+
+def _where(bootstrap: str, state_dir: Path, env: dict[str, str], *, reused: bool) -> str:
     prefix = env.get("KEYLANE_TOPIC_PREFIX", "")
-    print(
-        "\n".join(
-            [
-                "",
-                "keylane is running",
-                f"  kafka      {bootstrap}{' (already running; left running on exit)' if reused else ''}",
-                f"  broker log {state_dir}/node-1/server.log",
-                f"  state      {env['KEYLANE_DATA_DIR']}",
-                f"  topics     {prefix}agent.* (keylane topics list)",
-                f"  produce    echo 'customer-1|hello' | kcat -b {bootstrap} "
-                f"-t {prefix}agent.events -P -K '|'",
-                f"  consume    kcat -b {bootstrap} -t {prefix}agent.output -C -K '|' -o beginning",
-                "  stop       Ctrl-C (stops the worker and the broker this run started)",
-                "",
-            ]
-        ),
-        flush=True,
+    return "\n".join(
+        [
+            "",
+            "keylane is running",
+            f"  kafka      {bootstrap}{' (already running; left running on exit)' if reused else ''}",
+            f"  broker log {state_dir}/node-1/server.log",
+            f"  state      {env['KEYLANE_DATA_DIR']}",
+            f"  topics     {prefix}agent.* (keylane topics list)",
+            f"  produce    echo 'customer-1|hello' | kcat -b {bootstrap} -t {prefix}agent.events -P -K '|'",
+            f"  consume    kcat -b {bootstrap} -t {prefix}agent.output -C -K '|' -o beginning",
+            "  stop       Ctrl-C (stops the worker and the broker this run started)",
+            "",
+            "",
+        ]
     )
 
 
