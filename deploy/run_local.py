@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
-"""`make run`: a local Kafka, the catalog's topics and a keylane worker, stopped together by Ctrl-C.
+"""`make run`: a local Kafka, the catalog's topics, the example agent's worker and the
+effector, stopped together by Ctrl-C.
 
 Order: start (or reuse) the broker in $KEYLANE_KAFKA_STATE (default .kafka-local); apply
-the topic catalog; start the worker; print where everything is; wait. On Ctrl-C or SIGTERM
-the worker is stopped first, then the broker, but only if this run started it.
+the topic catalog; start the worker (examples/support_agent.py, or $KEYLANE_AGENT) and the
+effector; print where everything is once both are ready; wait. On Ctrl-C or SIGTERM the
+processes are stopped first, then the broker, but only if this run started it.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -35,23 +39,31 @@ def main() -> int:
     env = {**os.environ, "KEYLANE_BOOTSTRAP_SERVERS": cluster.bootstrap}
     env.setdefault("KEYLANE_DATA_DIR", str(state_dir.parent / ".keylane-data"))
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    worker: subprocess.Popen[bytes] | None = None
+    agent = env.get("KEYLANE_AGENT", "examples.support_agent:agent")
+    effector_metrics_port = env.get("KEYLANE_EFFECTOR_METRICS_PORT", "9465")
+    tools = env.get("KEYLANE_TOOLS", agent.partition(":")[0])
+    processes: dict[str, subprocess.Popen[bytes]] = {}
     try:
         applied = subprocess.run([*KEYLANE, "topics", "apply"], env=env, check=False)
         if applied.returncode != 0:
             return applied.returncode
-        worker = subprocess.Popen(
-            [*KEYLANE, "worker"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
+        commands = {
+            "worker": [*KEYLANE, "worker", "--agent", agent],
+            "effector": [*KEYLANE, "effector", "--tools", tools, "--metrics-port", effector_metrics_port],
+        }
+        for name, command in commands.items():
+            processes[name] = subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
         where = _where(cluster.bootstrap, state_dir, env, reused=already_running is not None)
-        _relay_output(worker, announce_when_ready=where)
-        return worker.wait()
+        where = where.replace("{effector_metrics_port}", effector_metrics_port)
+        return _relay_output(processes, announce_when_ready=where)
     except KeyboardInterrupt:
         print("\nmake run: stopping", flush=True)
         return 0
     finally:
-        if worker is not None:
-            _stop(worker)
+        for process in processes.values():
+            _stop(process)
         if already_running is None:
             local_kafka.stop(state_dir, quiet=True)
             print(f"make run: kafka at {cluster.bootstrap} stopped", flush=True)
@@ -71,17 +83,32 @@ def _stop(worker: subprocess.Popen[bytes]) -> None:
         worker.wait()
 
 
-def _relay_output(worker: subprocess.Popen[bytes], *, announce_when_ready: str) -> None:
-    """Copy the worker's log to our stdout, and print where things are once it is ready, so
-    the addresses are the last thing on screen rather than scrolled away by start-up logs."""
-    assert worker.stdout is not None
-    announced = False
-    for line in worker.stdout:
-        sys.stdout.buffer.write(line)
-        if not announced and READY_LINE in line:
-            sys.stdout.buffer.write(announce_when_ready.encode())
-            announced = True
+def _relay_output(processes: dict[str, subprocess.Popen[bytes]], *, announce_when_ready: str) -> int:
+    """Copy each process's log to our stdout, prefixed with its name; print where things are
+    once all are ready, so the addresses are the last thing on screen rather than scrolled
+    away by start-up logs. Returns when any process exits, with its exit code."""
+    lines: queue.Queue[tuple[str, bytes | None]] = queue.Queue()
+    for name, process in processes.items():
+        threading.Thread(target=_pump, args=(name, process, lines), daemon=True).start()
+    ready: set[str] = set()
+    while True:
+        name, line = lines.get()
+        if line is None:
+            print(f"make run: {name} exited", flush=True)
+            return processes[name].wait()
+        sys.stdout.buffer.write(f"[{name}] ".encode() + line)
+        if READY_LINE in line and name not in ready:
+            ready.add(name)
+            if ready == set(processes):
+                sys.stdout.buffer.write(announce_when_ready.encode())
         sys.stdout.flush()
+
+
+def _pump(name: str, process: subprocess.Popen[bytes], lines: queue.Queue[tuple[str, bytes | None]]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.put((name, line))
+    lines.put((name, None))
 
 
 def _where(bootstrap: str, state_dir: Path, env: dict[str, str], *, reused: bool) -> str:
@@ -94,9 +121,13 @@ def _where(bootstrap: str, state_dir: Path, env: dict[str, str], *, reused: bool
             f"  broker log {state_dir}/node-1/server.log",
             f"  state      {env['KEYLANE_DATA_DIR']}",
             f"  topics     {prefix}agent.* (keylane topics list)",
-            f"  produce    echo 'customer-1|hello' | kcat -b {bootstrap} -t {prefix}agent.events -P -K '|'",
+            f"  metrics    http://127.0.0.1:{env.get('KEYLANE_METRICS_PORT', '9464')}/metrics (worker), "
+            "http://127.0.0.1:{effector_metrics_port}/metrics (effector)",
+            f'  produce    echo \'customer-1|{{"v":1,"payload":"I want a refund"}}\' | '
+            f"kcat -b {bootstrap} -t {prefix}agent.events -P -K '|'",
             f"  consume    kcat -b {bootstrap} -t {prefix}agent.output -C -K '|' -o beginning",
-            "  stop       Ctrl-C (stops the worker and the broker this run started)",
+            f"  errors     kcat -b {bootstrap} -t {prefix}agent.errors -C -o beginning",
+            "  stop       Ctrl-C (stops the worker, the effector and the broker this run started)",
             "",
             "",
         ]

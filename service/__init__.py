@@ -1,0 +1,57 @@
+"""keylane: a Kafka-native runtime for keyed LLM agents.
+
+The public API, re-exported here; tests/unit/test_public_api.py freezes this list.
+"""
+
+from service.errors import KeylaneError
+from service.keys import shard_key, unshard_key
+from service.llm import (
+    FakeLLM,
+    LlmRequest,
+    LlmResponse,
+    Provider,
+    ProviderError,
+    fail_then_succeed,
+    match_any,
+    match_contains,
+    match_model_id,
+    raise_error,
+    respond_with,
+)
+from service.runtime.api import AgentConfig, Complete, HitlPolicy, Suspend
+from service.runtime.context import ActivationContext
+from service.runtime.memory import Memory, MemoryOverflow
+from service.shard_keys import ShardKeys
+from service.tools import SideEffectOutsideIntent, ToolRegistry, tool
+from service.wire import Approval, ToolIntent, ToolResult
+
+__all__ = [
+    "ActivationContext",
+    "AgentConfig",
+    "Approval",
+    "Complete",
+    "FakeLLM",
+    "HitlPolicy",
+    "KeylaneError",
+    "LlmRequest",
+    "LlmResponse",
+    "Memory",
+    "MemoryOverflow",
+    "Provider",
+    "ProviderError",
+    "ShardKeys",
+    "SideEffectOutsideIntent",
+    "Suspend",
+    "ToolIntent",
+    "ToolRegistry",
+    "ToolResult",
+    "fail_then_succeed",
+    "match_any",
+    "match_contains",
+    "match_model_id",
+    "raise_error",
+    "respond_with",
+    "shard_key",
+    "tool",
+    "unshard_key",
+]

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import faust
 
-from service.catalog import EVENTS, OUTPUT, Catalog
+from service.catalog import EVENTS, Catalog
 from service.config import Settings
 
 
@@ -15,14 +13,14 @@ def faust_broker_url(settings: Settings) -> str:
     return ";".join(f"kafka://{server}" for server in settings.bootstrap_list)
 
 
-def build_app(settings: Settings, catalog: Catalog, **faust_options: Any) -> faust.App:
+def build_app(settings: Settings, catalog: Catalog, *, partitions: int | None = None) -> faust.App:
     """A Faust app whose internal topics match the catalog's co-partitioning.
 
     Faust creates changelog topics with ``topic_partitions`` partitions and writes a table
     entry into the partition of the current event, so that count must equal the source
     topics' count; it is taken from the catalog, never from Faust's default of 8.
     """
-    co_partitions = catalog[EVENTS].partitions
+    co_partitions = partitions or catalog[EVENTS].partitions
     return faust.App(
         settings.app_id,
         broker=faust_broker_url(settings),
@@ -32,23 +30,4 @@ def build_app(settings: Settings, catalog: Catalog, **faust_options: Any) -> fau
         topic_replication_factor=catalog[EVENTS].replication_factor,
         web_enabled=False,
         autodiscover=False,
-        **faust_options,
     )
-
-
-def install_echo_agent(app: faust.App, catalog: Catalog) -> None:
-    """The placeholder agent of the foundation: every event is copied to agent.output.
-
-    Key and value bytes pass through unchanged, so a round trip proves the wiring.
-    """
-    events = app.topic(
-        catalog.name(EVENTS), key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
-    )
-    output = app.topic(
-        catalog.name(OUTPUT), key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
-    )
-
-    @app.agent(events, name="keylane.echo")
-    async def echo(stream: Any) -> None:
-        async for event in stream.events():
-            await output.send(key=event.key, value=event.value)

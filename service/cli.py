@@ -1,4 +1,4 @@
-"""The ``keylane`` command: topic administration and the worker.
+"""The ``keylane`` command: topic administration, the agent worker and the effector.
 
 Every operator error (bad flag, bad setting, unreachable broker, topic drift) prints one
 line naming the fix and exits non-zero; tracebacks are for bugs only.
@@ -45,6 +45,19 @@ def _connection_options() -> _Parser:
     return common
 
 
+def _process_options() -> _Parser:
+    process = _Parser(add_help=False)
+    process.add_argument("--app-id", help="Faust application id / consumer group (env KEYLANE_APP_ID)")
+    process.add_argument("--data-dir", help="directory for RocksDB tables (env KEYLANE_DATA_DIR)")
+    process.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="port of the Prometheus /metrics endpoint, 0 disables it (env KEYLANE_METRICS_PORT)",
+    )
+    return process
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full command-line grammar; every subcommand has --help."""
     common = _connection_options()
@@ -73,15 +86,49 @@ def build_parser() -> argparse.ArgumentParser:
     show = topic_cmds.add_parser("list", parents=[common], help="print the catalog with the prefix applied")
     show.set_defaults(handler=_topics_list)
 
+    process = _process_options()
     worker = commands.add_parser(
         "worker",
-        parents=[common],
-        help="run a worker (for now: the echo agent)",
-        description="Run a keylane worker. It refuses to start until the catalog topics exist.",
+        parents=[common, process],
+        help="run an agent worker",
+        description="Run an agent: consume its events, results and approvals, one activation at a time "
+        "per key. It refuses to start until the catalog topics exist.",
     )
-    worker.add_argument("--app-id", help="Faust application id / consumer group (env KEYLANE_APP_ID)")
-    worker.add_argument("--data-dir", help="directory for RocksDB tables (env KEYLANE_DATA_DIR)")
+    worker.add_argument(
+        "--agent",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="the agent, e.g. examples.support_agent:agent",
+    )
+    worker.add_argument(
+        "--config",
+        metavar="MODULE:ATTRIBUTE",
+        help="its AgentConfig (default: the agent module's 'config', else the defaults)",
+    )
     worker.set_defaults(handler=_worker)
+
+    effector = commands.add_parser(
+        "effector",
+        parents=[common, process],
+        help="run the effector that executes side-effect intents",
+        description="Consume agent.intents, execute each side-effect tool once in effect, and publish "
+        "its ToolResult on agent.results.",
+    )
+    effector.add_argument(
+        "--tools",
+        required=True,
+        action="append",
+        metavar="MODULE",
+        help="module whose @tool(side_effect=True) functions may run (repeatable)",
+    )
+    effector.add_argument(
+        "--tool-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="default timeout of one tool execution (default 60)",
+    )
+    effector.set_defaults(handler=_effector)
     return parser
 
 
@@ -91,6 +138,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         topic_prefix=args.topic_prefix,
         app_id=getattr(args, "app_id", None),
         data_dir=getattr(args, "data_dir", None),
+        metrics_port=getattr(args, "metrics_port", None),
     )
 
 
@@ -165,7 +213,16 @@ def _worker(args: argparse.Namespace) -> int:
     from service.worker import run_worker  # imports Faust; keep `keylane --help` fast
 
     settings = _settings(args)
-    return run_worker(settings, _catalog(settings))
+    return run_worker(settings, _catalog(settings), agent_ref=args.agent, config_ref=args.config)
+
+
+def _effector(args: argparse.Namespace) -> int:
+    from service.worker import run_effector
+
+    settings = _settings(args)
+    return run_effector(
+        settings, _catalog(settings), tool_modules=args.tools, tool_timeout_s=args.tool_timeout
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

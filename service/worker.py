@@ -1,17 +1,24 @@
-"""Runs a keylane worker process: checks the topics, builds the Faust app, runs it until a signal."""
+"""Runs keylane processes: an agent worker or an effector, each until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import faust
 import prometheus_client
 
-from service.app import build_app, install_echo_agent
-from service.catalog import Catalog
+from service.app import build_app
+from service.catalog import INTENTS, Catalog
 from service.config import Settings
+from service.effector.service import Effector
 from service.errors import ConfigError, TopicDrift
+from service.loader import import_module, load_agent
+from service.runtime.activation import KeyRuntime
+from service.runtime.processor import AgentProcessor
+from service.shard_keys import ShardKeys
+from service.tools import default_registry
 from service.topic_admin import admin_client, inspect_catalog
 
 log = logging.getLogger(__name__)
@@ -28,13 +35,13 @@ async def verify_topics(settings: Settings, catalog: Catalog) -> None:
     missing = [r.spec.name for r in reports if r.status == "missing"]
     if missing:
         raise TopicDrift(f"topics {', '.join(missing)} do not exist; run 'keylane topics apply' first")
-    mismatched = [r for r in reports if r.partition_mismatch is not None]
-    if mismatched:
-        first = mismatched[0]
-        raise TopicDrift(
-            f"topic {first.spec.name} has {first.partition_mismatch.have} partitions, the catalog says "  # type: ignore[union-attr]
-            f"{first.spec.partitions}; run 'keylane topics check' and recreate it"
-        )
+    for report in reports:
+        drift = report.partition_mismatch
+        if drift is not None:
+            raise TopicDrift(
+                f"topic {report.spec.name} has {drift.have} partitions, the catalog says "
+                f"{report.spec.partitions}; run 'keylane topics check' and recreate it"
+            )
 
 
 def serve_metrics(port: int) -> None:
@@ -49,15 +56,44 @@ def serve_metrics(port: int) -> None:
     log.info("metrics on http://0.0.0.0:%s/metrics", port)
 
 
-def run_worker(settings: Settings, catalog: Catalog) -> int:
-    """Run the worker in this process until SIGINT/SIGTERM; returns the exit code."""
+def run_worker(settings: Settings, catalog: Catalog, *, agent_ref: str, config_ref: str | None) -> int:
+    """Run one agent until a signal; returns the exit code."""
+    agent, config = load_agent(agent_ref, config_ref)
     asyncio.run(verify_topics(settings, catalog))
+    app = build_app(settings, catalog)
+    runtime = KeyRuntime(agent, config)
+    processor = AgentProcessor(app, catalog, runtime, sharded=config.shards is not None)
+    if config.shards is not None:
+        ShardKeys(config.shards, assignment=config.shard_assignment).install(
+            app, catalog, processor.publisher
+        )
+    log.info("keylane worker %s running %s on %s", settings.app_id, agent_ref, settings.bootstrap_servers)
+    return _run(app, settings)
+
+
+def run_effector(
+    settings: Settings, catalog: Catalog, *, tool_modules: list[str], tool_timeout_s: float
+) -> int:
+    """Run the effector until a signal; tools come from the modules named (their @tool calls)."""
+    for module in tool_modules:
+        import_module(module)
+    if not default_registry.names():
+        raise ConfigError("no tools are registered: pass --tools with the module(s) that declare them")
+    asyncio.run(verify_topics(settings, catalog))
+    effector_settings = settings.with_overrides(
+        app_id=f"{settings.app_id}-effector", data_dir=Path(settings.data_dir) / "effector"
+    )
+    app = build_app(effector_settings, catalog, partitions=catalog[INTENTS].partitions)
+    Effector(app, catalog, default_registry, tool_timeout_s=tool_timeout_s)
+    log.info("keylane effector with tools %s", ", ".join(default_registry.names()))
+    return _run(app, effector_settings)
+
+
+def _run(app: faust.App, settings: Settings) -> int:
+    Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     if settings.metrics_port:
         serve_metrics(settings.metrics_port)
-    app = build_app(settings, catalog)
-    install_echo_agent(app, catalog)
     worker = faust.Worker(app, loglevel=settings.log_level.upper(), redirect_stdouts=False)
-    log.info("keylane worker %s consuming from %s", settings.app_id, settings.bootstrap_servers)
     try:
         worker.execute_from_commandline()
     except SystemExit as exc:

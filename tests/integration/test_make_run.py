@@ -1,9 +1,11 @@
-"""What `make run` runs (deploy/run_local.py): everything up, then Ctrl-C leaves nothing behind."""
+"""What `make run` runs (deploy/run_local.py): broker, topics, worker and effector up; the
+commands it prints work as printed; Ctrl-C leaves nothing behind."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,15 +29,25 @@ def wait_for_text(path: Path, text: str, timeout_s: float) -> str:
     raise AssertionError(f"{text!r} did not appear within {timeout_s}s:\n{path.read_text()[-3000:]}")
 
 
-def test_run_local_starts_everything_and_ctrl_c_stops_it(tmp_path: Path) -> None:
+def printed_command(shown: str, label: str) -> str:
+    match = re.search(rf"^  {label}\s+(.+)$", shown, re.MULTILINE)
+    assert match, f"make run printed no {label} line:\n{shown[-2000:]}"
+    return match.group(1)
+
+
+def test_run_local_serves_the_example_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     state = tmp_path / "kafka"
     log_path = tmp_path / "run.log"
+    ledger = tmp_path / "ledger.jsonl"
     env = {
         **os.environ,
         "KEYLANE_KAFKA_STATE": str(state),
         "KEYLANE_DATA_DIR": str(tmp_path / "data"),
         "KEYLANE_TOPIC_PREFIX": "makerun.",
         "KEYLANE_APP_ID": "keylane-makerun",
+        "KEYLANE_METRICS_PORT": "0",
+        "KEYLANE_EFFECTOR_METRICS_PORT": "0",
+        "SUPPORT_LEDGER": str(ledger),
     }
     env.pop("KEYLANE_BOOTSTRAP_SERVERS", None)
     with open(log_path, "wb") as log:
@@ -46,13 +58,29 @@ def test_run_local_starts_everything_and_ctrl_c_stops_it(tmp_path: Path) -> None
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            cwd=REPO,
         )
     try:
-        shown = wait_for_text(log_path, "keylane is running", 90)
+        shown = wait_for_text(log_path, "keylane is running", 120)
         broker_pids = [n["pid"] for n in json.loads((state / "cluster.json").read_text())["nodes"]]
-        wait_for_text(log_path, "Worker ready", 60)
         assert "9 created" in shown
-        assert "produce    echo 'customer-1|hello' | kcat -b 127.0.0.1:" in shown
+
+        subprocess.run(printed_command(shown, "produce"), shell=True, check=True, timeout=30)  # noqa: S602
+        consume = printed_command(shown, "consume") + " -c 1 -e"
+        deadline = time.monotonic() + 60
+        output = ""
+        while not output and time.monotonic() < deadline:
+            output = subprocess.run(consume, shell=True, capture_output=True, text=True, timeout=30).stdout  # noqa: S602
+        assert json.loads(output.strip().split("|", 1)[1]) == {
+            "customer": "customer-1",
+            "reply": "We have started your refund.",
+            "delivery": "OK",
+            "remembered": 1,
+        }
+        assert json.loads(ledger.read_text()) == {
+            "customer": "customer-1",
+            "text": "We have started your refund.",
+        }
 
         os.killpg(proc.pid, signal.SIGINT)
 

@@ -55,7 +55,7 @@ def worker(
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "worker"],
+            [sys.executable, "-m", "service.cli", "worker", "--agent", "examples.echo:agent"],
             env=worker_env(settings, metrics_port),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -73,7 +73,11 @@ def worker(
 async def test_worker_echoes_records_produced_by_kcat(
     settings: Settings, catalog: Catalog, worker: subprocess.Popen[bytes]
 ) -> None:
-    kcat_produce(settings, catalog.name(EVENTS), b"entity-1|first\nentity-2|second\n")
+    kcat_produce(
+        settings,
+        catalog.name(EVENTS),
+        b'entity-1|{"v":1,"payload":"first"}\nentity-2|{"v":1,"payload":"second"}\n',
+    )
 
     echoed = await consume(settings, catalog.name(OUTPUT), 2, timeout_s=60)
 
@@ -84,18 +88,19 @@ async def test_worker_echoes_records_produced_by_kcat(
 async def test_worker_serves_prometheus_metrics(
     settings: Settings, catalog: Catalog, worker: subprocess.Popen[bytes], metrics_port: int
 ) -> None:
-    kcat_produce(settings, catalog.name(EVENTS), b"k|v\n")
+    kcat_produce(settings, catalog.name(EVENTS), b'k|{"v":1,"payload":"v"}\n')
     await consume(settings, catalog.name(OUTPUT), 1, timeout_s=60)  # the worker is up by now
 
     status, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{metrics_port}/metrics")
 
     assert status == 200
     assert "process_cpu_seconds_total" in body
+    assert 'keylane_activations_total{kind="start"} 1.0' in body
 
 
 def test_worker_refuses_to_start_without_topics(settings: Settings) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "service.cli", "worker"],
+        [sys.executable, "-m", "service.cli", "worker", "--agent", "examples.echo:agent"],
         env=worker_env(settings),
         capture_output=True,
         text=True,

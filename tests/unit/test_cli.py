@@ -9,7 +9,15 @@ import pytest
 
 from service.cli import build_parser, main
 
-SUBCOMMANDS = [[], ["topics"], ["topics", "apply"], ["topics", "check"], ["topics", "list"], ["worker"]]
+SUBCOMMANDS = [
+    [],
+    ["topics"],
+    ["topics", "apply"],
+    ["topics", "check"],
+    ["topics", "list"],
+    ["worker"],
+    ["effector"],
+]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -16,9 +16,9 @@ def test_compose_services_run_valid_keylane_commands() -> None:
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 
     services = compose["services"]
-    assert set(services) == {"kafka", "topics", "worker"}
+    assert set(services) == {"kafka", "topics", "worker", "effector"}
     assert services["kafka"]["image"].startswith("apache/kafka:3.9.")
-    for name in ("topics", "worker"):
+    for name in ("topics", "worker", "effector"):
         service = services[name]
         assert (REPO / service["build"]["dockerfile"]).exists()
         build_parser().parse_args(service["command"])

@@ -1,0 +1,7 @@
+"""The smallest agent: every event's payload comes back on agent.output."""
+
+from service import ActivationContext, Complete
+
+
+async def agent(ctx: ActivationContext) -> Complete:
+    return Complete(output=ctx.event)

@@ -1,0 +1,138 @@
+"""The effector on Faust: agent.intents -> execute once -> agent.results.
+
+Per intent, in order (partitions run in parallel, one intent at a time per partition):
+
+1. decode it; a bad record becomes ``malformed_record`` on agent.errors;
+2. refuse it when expired (``expires_at_ms`` at or before now): publish status EXPIRED
+   without touching the dedup store;
+3. claim it (see claims.py): Done republishes the stored result, InFlight waits for the
+   holder's lease, Claimed goes on;
+4. make the claim durable (flush), then execute the tool with its timeout;
+5. record Done with the result, publish the ToolResult keyed by the intent's physical key;
+6. ack. Faust flushes the producer before committing the offset, so the offset is
+   committed only after the result was published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import faust
+
+from service import metrics
+from service.catalog import INTENTS, RESULTS, Catalog
+from service.effector.claims import ClaimStore, Done, InFlight
+from service.effector.execute import execute, result_of
+from service.records import Emit, InputRecord, error_emit
+from service.runtime.activation import Clock, wall_clock_ms
+from service.runtime.faust_glue import event_context
+from service.runtime.lanes import PartitionLanes
+from service.runtime.processor import Publisher, raw_topic
+from service.tools import ToolRegistry
+from service.wire import MalformedRecord, ToolIntent, ToolResult, decode, encode
+
+log = logging.getLogger(__name__)
+
+CLAIMS_TABLE = "effector-claims"
+LEASE_MARGIN_MS = 30_000
+
+
+class Effector:
+    """Installs the effector's Faust agent and claim table on an app."""
+
+    def __init__(
+        self,
+        app: faust.App,
+        catalog: Catalog,
+        registry: ToolRegistry,
+        *,
+        tool_timeout_s: float = 60.0,
+        clock: Clock = wall_clock_ms,
+    ) -> None:
+        self.app = app
+        self.catalog = catalog
+        self.registry = registry
+        self.tool_timeout_s = tool_timeout_s
+        self.clock = clock
+        self.lanes = PartitionLanes()
+        self.publisher = Publisher(app, catalog)
+        source = raw_topic(app, catalog.name(INTENTS))
+        self.table = app.Table(
+            CLAIMS_TABLE,
+            default=None,
+            partitions=catalog[INTENTS].partitions,
+            key_type=bytes,
+            value_type=bytes,
+        )
+        self.claims = ClaimStore(self.table)
+        app.agent(source, name="keylane.effector")(self._consume)
+        app.on_before_shutdown.connect(self._stop_lanes)  # type: ignore[arg-type]  # see processor.py
+
+    async def _consume(self, stream: Any) -> None:
+        async for event in stream.noack().events():
+            await self.lanes.submit(event.message.partition, event.message.key, self._job(stream, event))
+
+    def _job(self, stream: Any, event: Any) -> Any:
+        async def run() -> None:
+            with event_context(event):
+                await self.handle(event.message)
+            await stream.ack(event)
+
+        return run
+
+    async def _stop_lanes(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        await self.lanes.stop()
+
+    async def handle(self, message: Any) -> None:
+        """Steps 1-5 of the module docstring for one agent.intents record."""
+        record = InputRecord(
+            topic=INTENTS,
+            broker_topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            key=message.key,
+            value=message.value,
+        )
+        try:
+            intent = decode(message.value, ToolIntent)
+        except MalformedRecord as exc:
+            await self.publisher.publish(
+                error_emit(record, "malformed_record", exc.detail, now_ms=self.clock())
+            )
+            return
+        if intent.expires_at_ms <= self.clock():
+            await self._publish(intent, result_of(intent, "EXPIRED", error="intent expired before execution"))
+            return
+        lease_ms = int(self.tool_timeout_s * 1000) + LEASE_MARGIN_MS
+        while True:
+            outcome = self.claims.claim(intent.intent_id, now_ms=self.clock(), lease_ms=lease_ms)
+            if isinstance(outcome, Done):
+                metrics.EFFECTOR_REPUBLISHED.inc()
+                await self._publish_raw(intent, outcome.result)
+                return
+            if isinstance(outcome, InFlight):
+                wait_s = max(0.25, (outcome.lease_until_ms - self.clock()) / 1000)
+                log.warning(
+                    "intent %s is held by an earlier attempt; waiting %.1fs", intent.intent_id, wait_s
+                )
+                await asyncio.sleep(wait_s)
+                continue
+            break
+        await self.app.producer.flush()  # the claim is durable before the side effect happens
+        metrics.EFFECTOR_EXECUTIONS.inc()
+        result = await execute(intent, self.registry, default_timeout_s=self.tool_timeout_s)
+        encoded = encode(result)
+        self.claims.complete(intent.intent_id, encoded, now_ms=self.clock())
+        await self._publish_raw(intent, encoded, status=result.status)
+
+    async def _publish(self, intent: ToolIntent, result: ToolResult) -> None:
+        await self._publish_raw(intent, encode(result), status=result.status)
+
+    async def _publish_raw(self, intent: ToolIntent, result: bytes, *, status: str | None = None) -> None:
+        await self.publisher.publish(
+            Emit(record_id=intent.intent_id, topic=RESULTS, key=intent.entity_key.encode(), value=result)
+        )
+        if status is not None:
+            metrics.EFFECTOR_INTENTS.labels(status).inc()

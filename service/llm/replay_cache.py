@@ -1,0 +1,85 @@
+"""The per-key replay cache (the LLM_CACHE cell): a model call answered once per activation.
+
+Entries are keyed by :func:`service.llm.types.cache_key`, which includes the physical key
+and the activation's seq, so a hit means "this activation asked exactly this before": the
+resume of a suspended activation, or a repeated request. Limits, applied on every put:
+
+* at most 64 entries, least recently used evicted first (get and put both refresh);
+* 6 h time to live from creation (an entry exactly 6 h old is still live);
+* 100 KiB for the whole encoded cell: least recently used entries are evicted while more
+  than one remains and the cell is over; a single response that cannot fit even alone is
+  stored digest-only (its sha256, no body), and a lookup treats it as a miss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from service.llm.types import LlmResponse
+from service.runtime.state import CacheEntry, encoded_size
+
+MAX_ENTRIES = 64
+TTL_MS = 6 * 60 * 60 * 1000
+MAX_BYTES = 100 * 1024
+
+
+class ReplayCache:
+    """A staged copy of one key's LLM_CACHE cell, most recently used last."""
+
+    def __init__(self, entries: list[CacheEntry]) -> None:
+        self._entries: dict[str, CacheEntry] = {e.cache_key: e for e in entries}
+        self.dirty = False
+
+    def get(self, cache_key: str, *, now_ms: int) -> LlmResponse | None:
+        """The cached response, or None on a miss (absent, expired or digest-only)."""
+        entry = self._entries.get(cache_key)
+        if entry is None:
+            return None
+        if now_ms - entry.created_ms > TTL_MS:
+            del self._entries[cache_key]
+            self.dirty = True
+            return None
+        self._entries[cache_key] = self._entries.pop(cache_key)  # most recently used
+        self.dirty = True
+        if entry.digest_only:
+            return None
+        return LlmResponse(
+            response=entry.response,
+            model_id=entry.model_id,
+            prompt_tokens=entry.prompt_tokens,
+            completion_tokens=entry.completion_tokens,
+            cached=True,
+        )
+
+    def put(self, cache_key: str, response: LlmResponse, *, now_ms: int) -> None:
+        """Insert or refresh an entry, then enforce TTL, count and size limits."""
+        entry = CacheEntry(
+            cache_key=cache_key,
+            response=response.response,
+            digest=hashlib.sha256(response.response).hexdigest(),
+            created_ms=now_ms,
+            model_id=response.model_id,
+            prompt_tokens=response.prompt_tokens,
+            completion_tokens=response.completion_tokens,
+        )
+        if encoded_size([entry]) > MAX_BYTES:
+            entry = CacheEntry(
+                cache_key=cache_key,
+                response=b"",
+                digest=entry.digest,
+                created_ms=now_ms,
+                digest_only=True,
+                model_id=entry.model_id,
+            )
+        self._entries.pop(cache_key, None)
+        self._entries[cache_key] = entry
+        self._entries = {k: e for k, e in self._entries.items() if now_ms - e.created_ms <= TTL_MS}
+        while len(self._entries) > MAX_ENTRIES:
+            del self._entries[next(iter(self._entries))]
+        while len(self._entries) > 1 and encoded_size(list(self._entries.values())) > MAX_BYTES:
+            del self._entries[next(iter(self._entries))]
+        self.dirty = True
+
+    def entries(self) -> list[CacheEntry]:
+        """The staged cell, least recently used first."""
+        return list(self._entries.values())

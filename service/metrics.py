@@ -1,0 +1,63 @@
+"""Every Prometheus metric keylane exports, declared once.
+
+Identities the tests hold (counted when a record is handed to the producer, so a
+re-published outbox record counts again, exactly like the record it adds to the topic):
+
+* ``keylane_intents_emitted_total`` == records on agent.intents;
+* ``keylane_agent_errors_total`` + ``keylane_orphaned_results_total`` == records on agent.errors.
+
+Labels are bounded: ``reason`` and ``detail`` come from fixed vocabularies, never from ids
+or keys.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+_MS_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
+_BYTES_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 524288, 786432, 1048576)
+_TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
+
+ACTIVATIONS = Counter("keylane_activations", "Committed activations (starts and resumes).", ["kind"])
+LLM_CALLS = Counter("keylane_llm_calls", "Model calls that reached the provider.")
+LLM_CACHE_HITS = Counter("keylane_llm_cache_hits", "Model calls answered by the replay cache.")
+TOOL_CALLS = Counter("keylane_tool_calls", "Read-only tool calls run inline.")
+INTENTS_EMITTED = Counter("keylane_intents_emitted", "Records produced to agent.intents.")
+AGENT_ERRORS = Counter(
+    "keylane_agent_errors", "Records produced to agent.errors, except orphans.", ["reason"]
+)
+ORPHANED_RESULTS = Counter(
+    "keylane_orphaned_results", "Results or approvals refused by resume admission.", ["detail"]
+)
+SUSPENSIONS = Counter("keylane_suspensions", "Committed activations that suspended.")
+EVENTS_BUFFERED = Counter("keylane_events_buffered", "Events queued behind a suspended key.")
+RECORDS_REROUTED = Counter(
+    "keylane_records_rerouted", "Input records on the wrong partition for their key, re-produced.", ["topic"]
+)
+REDELIVERIES = Counter("keylane_redeliveries", "Input records recognised as already applied.", ["topic"])
+MEMORY_SOFT_CAP_WARNINGS = Counter(
+    "keylane_memory_soft_cap_warnings", "Activations that crossed the soft cap."
+)
+OUTPUTS = Counter("keylane_outputs", "Records produced to agent.output.")
+
+ACTIVATION_MS = Histogram(
+    "keylane_activation_ms", "Wall time of one activation, model and tools included.", buckets=_MS_BUCKETS
+)
+OVERHEAD_MS = Histogram(
+    "keylane_overhead_ms", "Activation wall time minus model and tool time.", buckets=_MS_BUCKETS
+)
+LLM_MS = Histogram("keylane_llm_ms", "Wall time of one provider call.", buckets=_MS_BUCKETS)
+MEMORY_BYTES = Histogram(
+    "keylane_memory_bytes", "Committed memory size per activation.", buckets=_BYTES_BUCKETS
+)
+TOKENS = Histogram(
+    "keylane_tokens", "Tokens per provider call (prompt + completion).", buckets=_TOKEN_BUCKETS
+)
+
+EFFECTOR_INTENTS = Counter(
+    "keylane_effector_intents", "Intents the effector finished, by status.", ["status"]
+)
+EFFECTOR_EXECUTIONS = Counter("keylane_effector_executions", "Tool executions the effector started.")
+EFFECTOR_REPUBLISHED = Counter(
+    "keylane_effector_republished", "Intents already Done whose stored result was republished."
+)

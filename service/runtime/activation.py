@@ -1,0 +1,421 @@
+"""KeyRuntime: one input record + one key's state -> a Decision (new state, records to publish).
+
+Broker-free on purpose: the Faust processor, the in-process test harness and the benchmarks
+all drive this same code. For each input record, in order:
+
+1. decode it strictly (a bad record becomes ``malformed_record``, the state is untouched);
+2. recognise a redelivery: an offset at or below the last one applied from that topic re-
+   publishes that input's outbox entries and changes nothing (no second activation, no
+   new seq);
+3. an event for a suspended key is queued behind the suspension (``events_while_suspended``);
+4. a result or approval must pass resume admission, else ``orphaned_result``;
+5. run the activation under ``activation_timeout_s``; a raise or a timeout changes nothing
+   and becomes ``activation_error`` / ``activation_timeout`` with the input's raw bytes;
+6. on success build the whole next KeyState (memory, cache, continuation, pending, seq + 1,
+   applied offset, outbox) as one value: the caller writes it as one record;
+7. after a resume that ends the suspension, run the queued events in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from msgspec.structs import replace as struct_replace
+
+from service import metrics
+from service.catalog import APPROVAL_REQUESTS, EVENTS, EVENTS_SHARDED, INTENTS, OUTPUT, RESULTS
+from service.llm.replay_cache import ReplayCache
+from service.llm.types import Provider
+from service.records import Emit, InputRecord, error_emit
+from service.runtime import ids
+from service.runtime.api import AgentConfig, AgentFn, Complete, Suspend
+from service.runtime.context import ActivationContext
+from service.runtime.memory import Memory
+from service.runtime.state import (
+    BufferedEvent,
+    Continuation,
+    IntentKind,
+    KeyState,
+    OutboxRecord,
+    PendingIntent,
+)
+from service.wire import (
+    AgentEnvelope,
+    Approval,
+    ApprovalRequest,
+    MalformedRecord,
+    ToolResult,
+    decode,
+    decode_key,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], int]
+OrphanDetail = Literal["no_continuation", "unknown_intent", "deadline_passed", "intent_expired"]
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class Decision:
+    """What to do for one input: write ``new_state`` (if not None), then publish ``emits``."""
+
+    new_state: KeyState | None
+    emits: list[Emit] = field(default_factory=list)
+
+
+class ActivationFailed(Exception):
+    """An activation that must change nothing; becomes an error record."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class _Committed:
+    state: KeyState
+    emits: list[Emit]
+
+
+class KeyRuntime:
+    """Runs one agent's activations for the keys of the partitions it is given."""
+
+    def __init__(
+        self,
+        agent: AgentFn,
+        config: AgentConfig,
+        *,
+        provider: Provider | None = None,
+        clock: Clock = wall_clock_ms,
+    ) -> None:
+        self.agent = agent
+        self.config = config
+        self.provider = (
+            provider
+            if provider is not None
+            else (config.provider_factory() if config.provider_factory else None)
+        )
+        self.clock = clock
+        self._in_flight: set[str] = set()
+        self._delivered: set[str] = set()
+
+    def on_published(self, record_id: str) -> None:
+        """A record was handed to the producer; its outbox entry stays until delivery."""
+        self._in_flight.add(record_id)
+
+    def on_delivered(self, record_id: str) -> None:
+        """The producer confirmed a record; its outbox entry goes at the key's next commit."""
+        self._in_flight.discard(record_id)
+        if len(self._delivered) > _MAX_TRACKED:
+            self._delivered.clear()  # only delays pruning: entries stay until redelivery proves them
+        self._delivered.add(record_id)
+
+    async def handle(self, record: InputRecord, state_of: Callable[[bytes], KeyState]) -> Decision:
+        """Decide what one input record does. ``state_of(key)`` reads the key's committed state."""
+        try:
+            key_text = decode_key(record.key)
+            parsed = self._parse(record, key_text)
+        except MalformedRecord as exc:
+            return Decision(None, [self._error(record, "malformed_record", exc.detail)])
+        assert record.key is not None
+        key = record.key
+        state = state_of(key)
+        if record.offset <= state.applied.get(record.topic, -1):
+            metrics.REDELIVERIES.labels(record.topic).inc()
+            again = [
+                e for e in state.outbox if e.origin_topic == record.topic and e.origin_offset == record.offset
+            ]
+            return Decision(None, [_emit_of(e) for e in again])
+
+        if isinstance(parsed, AgentEnvelope):
+            if state.continuation is not None:
+                metrics.EVENTS_BUFFERED.inc()
+                buffered = BufferedEvent(
+                    payload=parsed.payload_bytes(),
+                    origin_topic=record.topic,
+                    origin_partition=record.partition,
+                    origin_offset=record.offset,
+                )
+                return Decision(self._advance(state, record, [], extra_buffered=(buffered,)), [])
+            try:
+                committed = await self._activate(state, key, event=parsed.payload_bytes(), record=record)
+            except ActivationFailed as exc:
+                return Decision(None, [self._error(record, exc.reason, exc.detail, entity_key=key_text)])
+            return Decision(self._advance(committed.state, record, committed.emits), committed.emits)
+
+        orphan = self._admission(state, parsed)
+        if orphan is not None:
+            return Decision(None, [self._orphan(record, orphan, parsed.intent_id, key_text)])
+        try:
+            committed = await self._activate(state, key, resume=parsed, record=record)
+        except ActivationFailed as exc:
+            return Decision(None, [self._error(record, exc.reason, exc.detail, entity_key=key_text)])
+        emits = list(committed.emits)
+        next_state = committed.state
+        if next_state.continuation is None and next_state.buffered:
+            next_state, drained = await self._drain_buffered(next_state, key)
+            emits.extend(drained)
+        return Decision(self._advance(next_state, record, emits), emits)
+
+    def _parse(self, record: InputRecord, key_text: str) -> AgentEnvelope | ToolResult | Approval:
+        if record.topic in (EVENTS, EVENTS_SHARDED):
+            envelope = decode(record.value, AgentEnvelope)
+            envelope.payload_bytes()  # a bad payload_b64 is a malformed record, not an agent error
+            if envelope.entity_key is not None and envelope.entity_key != key_text:
+                raise MalformedRecord(
+                    f"entity_key {envelope.entity_key!r} differs from the record key {key_text!r}"
+                )
+            return envelope
+        parsed: ToolResult | Approval
+        if record.topic == RESULTS:
+            parsed = decode(record.value, ToolResult)
+        else:
+            parsed = decode(record.value, Approval)
+        if parsed.entity_key != key_text:
+            raise MalformedRecord(
+                f"entity_key {parsed.entity_key!r} differs from the record key {key_text!r}"
+            )
+        return parsed
+
+    def _admission(self, state: KeyState, resume: ToolResult | Approval) -> str | None:
+        """None when the result may resume the key, else the orphaned_result detail."""
+        cont = state.continuation
+        if cont is None:
+            return "no_continuation"
+        if resume.intent_id not in cont.pending_intent_ids:
+            return "unknown_intent"
+        now = self.clock()
+        if cont.deadline_ms <= 0 or now >= cont.deadline_ms:
+            return "deadline_passed"
+        pending = state.pending.get(resume.intent_id)
+        expired_result = isinstance(resume, ToolResult) and resume.status == "EXPIRED"
+        if pending is not None and not expired_result and now >= pending.expires_at_ms:
+            return f"intent_expired:{resume.intent_id}"
+        return None
+
+    async def _activate(
+        self,
+        state: KeyState,
+        key: bytes,
+        *,
+        record: InputRecord | None,
+        event: bytes = b"",
+        resume: ToolResult | Approval | None = None,
+    ) -> _Committed:
+        cont = state.continuation if resume is not None else None
+        seq = cont.seq if cont is not None else state.seq
+        now = self.clock()
+        soft_cap_hit: list[int] = []
+        ctx = ActivationContext(
+            event=event,
+            entity_key=key,
+            memory=Memory(state.memory, now_ms=now, on_soft_cap=soft_cap_hit.append),
+            seq=seq,
+            snapshot=cont.snapshot if cont is not None else b"",
+            resume_result=resume if isinstance(resume, ToolResult) else None,
+            resume_approval=resume if isinstance(resume, Approval) else None,
+            now_ms=now,
+            _step_index=cont.step_index if cont is not None else 0,
+            _provider=self.provider,
+            _cache=ReplayCache(state.llm_cache),
+            _tools=self.config.tools,
+            _intent_ttl_ms=self.config.hitl_policy.intent_ttl_ms,
+            _approval_channel=self.config.hitl_policy.approval_channel,
+        )
+        started = time.perf_counter()
+        timeout_s = self.config.activation_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s) as deadline:
+                outcome = await self.agent(ctx)
+        except TimeoutError:
+            metrics.ACTIVATION_MS.observe((time.perf_counter() - started) * 1000)
+            if deadline.expired():
+                raise ActivationFailed(
+                    "activation_timeout", f"activation exceeded {timeout_s}s at step {ctx.step_index}"
+                ) from None
+            raise ActivationFailed(
+                "activation_error", f"TimeoutError() failed_at_step={ctx.step_index}"
+            ) from None
+        except Exception as exc:
+            metrics.ACTIVATION_MS.observe((time.perf_counter() - started) * 1000)
+            raise ActivationFailed("activation_error", f"{exc!r} failed_at_step={ctx.step_index}") from exc
+        if not isinstance(outcome, Complete | Suspend):
+            raise ActivationFailed(
+                "activation_error", f"agent returned {type(outcome).__name__}, expected Complete or Suspend"
+            )
+        wall_ms = (time.perf_counter() - started) * 1000
+
+        pending = dict(state.pending) if cont is not None else {}
+        still_waiting = (
+            [i for i in cont.pending_intent_ids if i != resume.intent_id] if cont and resume else []
+        )
+        if resume is not None:
+            pending.pop(resume.intent_id, None)
+        staged = [*ctx.intents, *(a.intent for a in ctx.approvals)]
+        for intent in staged:
+            kind: IntentKind = "approval" if any(a.intent is intent for a in ctx.approvals) else "tool"
+            pending[intent.intent_id] = PendingIntent(
+                intent_id=intent.intent_id, tool=intent.tool, kind=kind, expires_at_ms=intent.expires_at_ms
+            )
+        continuation: Continuation | None = None
+        emits: list[Emit] = [
+            Emit(record_id=i.intent_id, topic=INTENTS, key=key, value=encode(i)) for i in ctx.intents
+        ]
+        if isinstance(outcome, Suspend):
+            wait_ms = outcome.timeout_ms or self.config.hitl_policy.timeout_ms
+            deadline_ms = min([now + wait_ms, *(i.expires_at_ms for i in staged)])
+            continuation = Continuation(
+                seq=seq,
+                step_index=ctx.step_index,
+                pending_intent_ids=[*still_waiting, *(i.intent_id for i in staged)],
+                snapshot=outcome.snapshot,
+                suspended_at_ms=now,
+                deadline_ms=deadline_ms,
+                escalations=cont.escalations if cont is not None else 0,
+            )
+            for approval in ctx.approvals:
+                request = ApprovalRequest(
+                    intent_id=approval.intent.intent_id,
+                    entity_key=approval.intent.entity_key,
+                    channel=approval.channel,
+                    args_json=approval.intent.args_json,
+                    created_at_ms=now,
+                    expires_at_ms=approval.intent.expires_at_ms,
+                    deadline_ms=deadline_ms,
+                )
+                emits.append(
+                    Emit(record_id=request.intent_id, topic=APPROVAL_REQUESTS, key=key, value=encode(request))
+                )
+            metrics.SUSPENSIONS.inc()
+        else:
+            pending = {}
+            emits.append(Emit(record_id=ids.output_id(key, seq), topic=OUTPUT, key=key, value=outcome.output))
+
+        memory_blob = ctx.memory.to_blob()
+        metrics.ACTIVATIONS.labels("resume" if resume is not None else "start").inc()
+        metrics.ACTIVATION_MS.observe(wall_ms)
+        metrics.OVERHEAD_MS.observe(max(0.0, wall_ms - ctx.stats.llm_ms - ctx.stats.tool_ms))
+        metrics.MEMORY_BYTES.observe(ctx.memory.total_bytes)
+        metrics.LLM_CACHE_HITS.inc(ctx.stats.cache_hits)
+        metrics.TOOL_CALLS.inc(ctx.stats.tool_calls)
+        if soft_cap_hit:
+            metrics.MEMORY_SOFT_CAP_WARNINGS.inc()
+        next_state = struct_replace(
+            state,
+            seq=state.seq + 1,
+            memory=memory_blob,
+            continuation=continuation,
+            llm_cache=ctx._cache.entries(),
+            pending=pending,
+        )
+        return _Committed(next_state, emits)
+
+    async def _drain_buffered(self, state: KeyState, key: bytes) -> tuple[KeyState, list[Emit]]:
+        """Run the events queued behind a suspension that just ended, in arrival order.
+
+        Stops (keeping the rest queued) as soon as one of them suspends again. A queued
+        event whose activation fails becomes an error record, like any other.
+        """
+        emits: list[Emit] = []
+        while state.buffered and state.continuation is None:
+            head, rest = state.buffered[0], state.buffered[1:]
+            state = struct_replace(state, buffered=rest)
+            origin = InputRecord(
+                topic=head.origin_topic,
+                broker_topic=head.origin_topic,
+                partition=head.origin_partition,
+                offset=head.origin_offset,
+                key=key,
+                value=head.payload,
+            )
+            try:
+                committed = await self._activate(state, key, event=head.payload, record=origin)
+            except ActivationFailed as exc:
+                emits.append(self._error(origin, exc.reason, exc.detail, entity_key=key.decode()))
+                continue
+            state = committed.state
+            emits.extend(committed.emits)
+        return state, emits
+
+    def _advance(
+        self,
+        state: KeyState,
+        record: InputRecord,
+        emits: list[Emit],
+        *,
+        extra_buffered: tuple[BufferedEvent, ...] = (),
+    ) -> KeyState:
+        """Record the input as applied and stage its emits in the outbox, dropping settled ones.
+
+        An outbox entry is settled when this process saw it delivered, or when it was not
+        published by this process and its input came earlier on the same topic: that input's
+        offset was committed, and Faust flushes the producer before every offset commit.
+        """
+        kept = [o for o in state.outbox if not self._settled(o, record)]
+        self._delivered.difference_update(o.record_id for o in state.outbox)
+        outbox = kept + [
+            OutboxRecord(
+                record_id=e.record_id,
+                topic=e.topic,
+                key=e.key,
+                value=e.value,
+                origin_topic=record.topic,
+                origin_offset=record.offset,
+                label=e.error_reason,
+            )
+            for e in emits
+        ]
+        return struct_replace(
+            state,
+            applied={**state.applied, record.topic: record.offset},
+            outbox=outbox,
+            buffered=[*state.buffered, *extra_buffered],
+        )
+
+    def _settled(self, entry: OutboxRecord, record: InputRecord) -> bool:
+        if entry.record_id in self._delivered:
+            return True
+        if entry.record_id in self._in_flight:
+            return False
+        return entry.origin_topic == record.topic and entry.origin_offset < record.offset
+
+    def _error(
+        self,
+        record: InputRecord,
+        reason: str,
+        detail: str,
+        *,
+        entity_key: str | None = None,
+        intent_id: str | None = None,
+    ) -> Emit:
+        return error_emit(
+            record, reason, detail, now_ms=self.clock(), entity_key=entity_key, intent_id=intent_id
+        )
+
+    def _orphan(self, record: InputRecord, detail: str, intent_id: str, entity_key: str) -> Emit:
+        emit = self._error(record, "orphaned_result", detail, entity_key=entity_key, intent_id=intent_id)
+        return replace(emit, error_reason=None, orphan_detail=detail.split(":", 1)[0])
+
+
+_MAX_TRACKED = 100_000
+
+
+def _emit_of(record: OutboxRecord) -> Emit:
+    return Emit(
+        record_id=record.record_id,
+        topic=record.topic,
+        key=record.key,
+        value=record.value,
+        error_reason=record.label,
+    )

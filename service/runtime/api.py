@@ -1,0 +1,104 @@
+"""The authoring API's values: what an agent returns, and how it is configured.
+
+An agent is ``async def agent(ctx: ActivationContext) -> Complete | Suspend``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from service.keys import Assignment
+from service.llm.types import Provider
+from service.tools import ToolRegistry, default_registry
+
+if TYPE_CHECKING:
+    from service.runtime.context import ActivationContext
+
+HOUR_MS = 60 * 60 * 1000
+
+
+@dataclass(frozen=True)
+class Complete:
+    """The activation is done; ``output`` goes to agent.output under the physical key."""
+
+    output: bytes = b""
+
+
+@dataclass(frozen=True)
+class Suspend:
+    """Persist a continuation and release the key until a result or approval resumes it.
+
+    ``snapshot`` is handed back as ``ctx.snapshot`` on resume. ``timeout_ms`` bounds the wait
+    (default: the HITL policy's ``timeout_ms``); the deadline is also capped by the earliest
+    expiry of the intents staged in this activation.
+    """
+
+    snapshot: bytes = b""
+    timeout_ms: int | None = None
+
+
+AgentFn = Callable[["ActivationContext"], Awaitable[Complete | Suspend]]
+ProviderFactory = Callable[[], Provider]
+EventsWhileSuspended = Literal["queue"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HitlPolicy:
+    """How long suspensions and intents live. Validated on construction.
+
+    ``timeout_ms``: default wait of a Suspend (24 h). ``intent_ttl_ms``: default lifetime of
+    an intent before the effector refuses it as EXPIRED (1 h).
+    """
+
+    timeout_ms: int = 24 * HOUR_MS
+    intent_ttl_ms: int = HOUR_MS
+    approval_channel: str = "approval"
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_ms", "intent_ttl_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(
+                    f"HitlPolicy.{name} must be a positive number of milliseconds, got {value!r}"
+                )
+        if not self.approval_channel:
+            raise ValueError("HitlPolicy.approval_channel must be a non-empty string")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    """Runtime options of one agent.
+
+    * ``provider_factory``: builds the model provider once per worker (None: the agent
+      must not call models);
+    * ``activation_timeout_s``: an activation running longer is cancelled and changes
+      nothing (activation_timeout on agent.errors);
+    * ``shards``: fan each logical key out over N physical keys through ShardKeys (only
+      for memory-free agents: see docs/sharding.md); ``shard_assignment``: "hash" (default,
+      deterministic) or "round_robin" (forfeits retry determinism);
+    * ``events_while_suspended``: "queue" — events for a suspended key wait, in order, and
+      run after the suspension ends;
+    * ``tools``: the registry ``ctx.run_tool`` and ``ctx.act`` consult.
+    """
+
+    provider_factory: ProviderFactory | None = None
+    hitl_policy: HitlPolicy = field(default_factory=HitlPolicy)
+    activation_timeout_s: float = 30.0
+    shards: int | None = None
+    shard_assignment: Assignment = "hash"
+    events_while_suspended: EventsWhileSuspended = "queue"
+    tools: ToolRegistry = field(default_factory=lambda: default_registry)
+
+    def __post_init__(self) -> None:
+        if self.activation_timeout_s <= 0:
+            raise ValueError(f"AgentConfig.activation_timeout_s must be > 0, got {self.activation_timeout_s}")
+        if self.shards is not None and self.shards < 1:
+            raise ValueError(f"AgentConfig.shards must be None or >= 1, got {self.shards}")
+        if self.shard_assignment not in ("hash", "round_robin"):
+            raise ValueError(
+                f"AgentConfig.shard_assignment must be 'hash' or 'round_robin', got {self.shard_assignment!r}"
+            )
+        if self.events_while_suspended != "queue":
+            raise ValueError("AgentConfig.events_while_suspended supports only 'queue'")

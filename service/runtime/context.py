@@ -1,0 +1,177 @@
+"""ActivationContext: what one activation of an agent can see and do.
+
+Everything an activation changes is staged here and applied by the runtime only if the
+agent returns normally within its timeout: memory writes, replay-cache inserts, intents,
+approval requests. The step cursor ``step_index`` advances by one on every ``act``,
+``request_approval`` and ``call_model`` (cache hits included), so a replay of the same
+activation produces the same intent ids in the same order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from service import metrics
+from service.errors import KeylaneError
+from service.llm.replay_cache import ReplayCache
+from service.llm.types import LlmRequest, LlmResponse, Provider, cache_key
+from service.runtime import ids
+from service.runtime.memory import Memory
+from service.tools import ToolRegistry, UnknownTool
+from service.wire import Approval, ToolIntent, ToolResult
+
+
+class NoProvider(KeylaneError):
+    """ctx.call_model was used by an agent configured without a provider_factory."""
+
+
+class ToolMisuse(KeylaneError):
+    """A tool was used through the wrong door (a read-only tool via act, or the reverse)."""
+
+
+@dataclass
+class StagedApproval:
+    """An approval request staged by ``request_approval``."""
+
+    intent: ToolIntent
+    channel: str
+
+
+@dataclass
+class ActivationStats:
+    """Time spent outside the runtime, for overhead_ms = activation_ms - llm - tools."""
+
+    llm_ms: float = 0.0
+    tool_ms: float = 0.0
+    llm_calls: int = 0
+    cache_hits: int = 0
+    tool_calls: int = 0
+
+
+@dataclass(kw_only=True)
+class ActivationContext:
+    """The agent's view of one activation of one physical key."""
+
+    event: bytes
+    """The event's payload (b"" on a resume)."""
+    entity_key: bytes
+    """The physical key (``key#i`` behind ShardKeys)."""
+    memory: Memory
+    seq: int
+    """The activation's seq: the key's committed-activation count, or the suspended one's."""
+    snapshot: bytes = b""
+    """On a resume: the bytes the suspending activation passed to Suspend."""
+    resume_result: ToolResult | None = None
+    resume_approval: Approval | None = None
+    now_ms: int
+    _step_index: int = 0
+    _provider: Provider | None = None
+    _cache: ReplayCache
+    _tools: ToolRegistry
+    _intent_ttl_ms: int
+    _approval_channel: str
+    _on_model_call: Callable[[LlmRequest], None] | None = None
+    intents: list[ToolIntent] = field(default_factory=list)
+    approvals: list[StagedApproval] = field(default_factory=list)
+    stats: ActivationStats = field(default_factory=ActivationStats)
+
+    @property
+    def is_resume(self) -> bool:
+        """True when a tool result or an approval resumed a suspended activation."""
+        return self.resume_result is not None or self.resume_approval is not None
+
+    @property
+    def step_index(self) -> int:
+        """The step cursor: the index the next act / request_approval / call_model gets."""
+        return self._step_index
+
+    async def call_model(self, request: LlmRequest) -> LlmResponse:
+        """Ask the model, answering from the replay cache when this activation asked before."""
+        self._step_index += 1
+        key = cache_key(request, entity_key=self.entity_key, seq=self.seq)
+        cached = self._cache.get(key, now_ms=self.now_ms)
+        if cached is not None:
+            self.stats.cache_hits += 1
+            return cached
+        if self._provider is None:
+            raise NoProvider("this agent has no provider: pass AgentConfig(provider_factory=...)")
+        started = time.perf_counter()
+        try:
+            response = await self._provider.complete(request)
+        finally:
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            self.stats.llm_ms += elapsed_ms
+            self.stats.llm_calls += 1
+            metrics.LLM_MS.observe(elapsed_ms)
+        tokens = response.prompt_tokens + response.completion_tokens
+        if tokens:
+            metrics.TOKENS.observe(tokens)
+        self._cache.put(key, response, now_ms=self.now_ms)
+        return response
+
+    def act(self, tool: str, args_json: str, *, ttl_ms: int | None = None) -> str:
+        """Stage a side effect for the effector; returns its deterministic intent id.
+
+        The intent is published only if the activation commits. Suspend to wait for its
+        ToolResult, which resumes this agent with ``ctx.resume_result``.
+        """
+        self._refuse_read_only(tool)
+        intent = self._stage(tool, args_json, ttl_ms)
+        self.intents.append(intent)
+        return intent.intent_id
+
+    def request_approval(
+        self, args_json: str, *, channel: str | None = None, ttl_ms: int | None = None
+    ) -> str:
+        """Stage a request for a human decision; returns its intent id. Suspend to wait for it."""
+        intent = self._stage(channel or self._approval_channel, args_json, ttl_ms)
+        self.approvals.append(StagedApproval(intent=intent, channel=channel or self._approval_channel))
+        return intent.intent_id
+
+    async def run_tool(self, name: str, args: Any) -> Any:
+        """Run a read-only tool inline and return its result."""
+        spec = self._tools.get(name)
+        if spec.side_effect:
+            raise ToolMisuse(f"tool {name!r} has side effects: stage it with ctx.act({name!r}, args_json)")
+        started = time.perf_counter()
+        try:
+            return await spec.execute(args)
+        finally:
+            self.stats.tool_ms += (time.perf_counter() - started) * 1000
+            self.stats.tool_calls += 1
+
+    def _refuse_read_only(self, tool: str) -> None:
+        try:
+            spec = self._tools.get(tool)
+        except UnknownTool:
+            return  # the effector owns the implementation; it rejects names it does not know
+        if not spec.side_effect:
+            raise ToolMisuse(f"tool {tool!r} is read-only: call it inline with ctx.run_tool({tool!r}, args)")
+
+    def _stage(self, tool: str, args_json: str, ttl_ms: int | None) -> ToolIntent:
+        if not isinstance(args_json, str):
+            raise TypeError("args_json must be a JSON string")
+        try:
+            msgspec.json.decode(args_json)
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"args_json for {tool!r} is not valid JSON: {exc}") from None
+        ttl = self._intent_ttl_ms if ttl_ms is None else ttl_ms
+        if ttl <= 0:
+            raise ValueError(f"ttl_ms must be positive, got {ttl}")
+        intent = ToolIntent(
+            intent_id=ids.intent_id(self.entity_key, self.seq, self._step_index),
+            entity_key=self.entity_key.decode(),
+            seq=self.seq,
+            step_index=self._step_index,
+            tool=tool,
+            args_json=args_json,
+            created_at_ms=self.now_ms,
+            expires_at_ms=self.now_ms + ttl,
+        )
+        self._step_index += 1
+        return intent

@@ -1,0 +1,37 @@
+"""The two places keylane reaches into Faust and aiokafka internals, each with its reason.
+
+* Faust tables choose the RocksDB partition and the changelog partition of a read or write
+  from the *current event*, a context variable Faust sets only inside its own stream
+  iteration. Lane tasks run outside it, so each job sets it to the record it processes
+  (``event_context``); contextvars are per task, so concurrent lanes never see each
+  other's event.
+* Kafka's default partitioner (Java client, aiokafka, Faust) is murmur2 on the key bytes.
+  ``expected_partition`` recomputes it to spot records a client with another partitioner
+  (librdkafka's default, as used by kcat) put on a different partition than their key's.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from aiokafka.partitioner import murmur2
+from faust.streams import _current_event
+
+
+@contextmanager
+def event_context(event: Any) -> Iterator[None]:
+    """Make ``event`` Faust's current event for table reads and writes in this task."""
+    token = _current_event.set(weakref.ref(event))
+    try:
+        yield
+    finally:
+        _current_event.reset(token)
+
+
+def expected_partition(key: bytes, partitions: int) -> int:
+    """The partition Kafka's default (murmur2) partitioner assigns to ``key``."""
+    hashed: int = murmur2(key)
+    return (hashed & 0x7FFFFFFF) % partitions

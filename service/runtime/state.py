@@ -1,0 +1,165 @@
+"""Per-key state: the five cells (MEMORY, CONTINUATION, LLM_CACHE, PENDING, SEQ) in one record.
+
+All of a key's cells are encoded into one KeyState blob and written with one table
+assignment, which Faust turns into one changelog record. A crash therefore leaves a key
+either before or after an activation, never between: there is no second record to lose.
+
+Next to the five cells the record keeps what redelivery safety needs:
+
+* ``applied``: the last input offset applied per source topic, so a redelivered input is
+  recognised and not run again under a new seq;
+* ``outbox``: the records a committed activation staged (outputs, intents, errors), until
+  their delivery is confirmed; a redelivered input re-publishes its own entries;
+* ``buffered``: events that arrived while the key was suspended, run after the suspension.
+
+Encoding: msgpack with field names (msgspec), never pickle. ``state_schema_version`` is on
+every blob; a blob from a newer version is refused (StateFromTheFuture) rather than guessed.
+tests/unit/test_state_golden.py pins the bytes of a reference blob.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from service.errors import KeylaneError
+
+STATE_SCHEMA_VERSION = 1
+
+IntentKind = Literal["tool", "approval"]
+
+
+class StateFromTheFuture(KeylaneError):
+    """A state blob written by a newer keylane. Fatal: roll the worker forward, do not guess."""
+
+
+class CorruptState(KeylaneError):
+    """A state blob that does not decode. Fatal: the key's history is needed to go on."""
+
+
+class MemoryEntry(msgspec.Struct, kw_only=True):
+    """One memory value: a scalar, or a ring (a bounded list, oldest first)."""
+
+    value: Any
+    ring: bool = False
+    last_access_ms: int = 0
+
+
+class MemoryBlob(msgspec.Struct, kw_only=True):
+    """The MEMORY cell."""
+
+    entries: dict[str, MemoryEntry] = msgspec.field(default_factory=dict)
+
+
+class PendingIntent(msgspec.Struct, kw_only=True):
+    """An emitted intent awaiting its result or decision (the PENDING cell's entries)."""
+
+    intent_id: str
+    tool: str
+    kind: IntentKind = "tool"
+    expires_at_ms: int = 0
+
+
+class Continuation(msgspec.Struct, kw_only=True):
+    """The CONTINUATION cell: a suspended activation waiting for results or approvals."""
+
+    seq: int
+    step_index: int
+    pending_intent_ids: list[str]
+    snapshot: bytes = b""
+    suspended_at_ms: int = 0
+    deadline_ms: int = 0
+    escalations: int = 0
+
+
+class CacheEntry(msgspec.Struct, kw_only=True):
+    """One replay-cache entry. ``digest_only`` entries keep only the sha256 of a response too
+    large to store; a lookup treats them as a miss."""
+
+    cache_key: str
+    response: bytes
+    digest: str
+    created_ms: int
+    digest_only: bool = False
+    model_id: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class OutboxRecord(msgspec.Struct, kw_only=True):
+    """A record staged by a committed activation, kept until its delivery is confirmed."""
+
+    record_id: str
+    topic: str  # logical catalog name, e.g. "agent.output"
+    key: bytes
+    value: bytes
+    origin_topic: str
+    origin_offset: int
+    label: str | None = None  # the error reason of an agent.errors record, for its metric
+
+
+class BufferedEvent(msgspec.Struct, kw_only=True):
+    """An event that arrived while the key was suspended."""
+
+    payload: bytes
+    origin_topic: str
+    origin_partition: int
+    origin_offset: int
+
+
+class KeyState(msgspec.Struct, kw_only=True):
+    """Everything keylane keeps for one physical key, committed as one record."""
+
+    state_schema_version: int = STATE_SCHEMA_VERSION
+    seq: int = 0
+    memory: MemoryBlob = msgspec.field(default_factory=MemoryBlob)
+    continuation: Continuation | None = None
+    llm_cache: list[CacheEntry] = msgspec.field(default_factory=list)
+    pending: dict[str, PendingIntent] = msgspec.field(default_factory=dict)
+    applied: dict[str, int] = msgspec.field(default_factory=dict)
+    outbox: list[OutboxRecord] = msgspec.field(default_factory=list)
+    buffered: list[BufferedEvent] = msgspec.field(default_factory=list)
+
+
+class _VersionProbe(msgspec.Struct):
+    state_schema_version: int = 0
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(KeyState)
+_probe = msgspec.msgpack.Decoder(_VersionProbe)
+
+
+def encode_state(state: KeyState) -> bytes:
+    """The blob committed to the table for one key."""
+    return _encoder.encode(state)
+
+
+def decode_state(blob: bytes | None) -> KeyState:
+    """A key's state; a fresh KeyState for a key never seen (or wiped)."""
+    if not blob:
+        return KeyState()
+    try:
+        version = _probe.decode(blob).state_schema_version
+    except msgspec.DecodeError as exc:
+        raise CorruptState(f"state blob does not decode: {exc}") from exc
+    if version > STATE_SCHEMA_VERSION:
+        raise StateFromTheFuture(
+            f"state blob has schema version {version}, this keylane reads up to {STATE_SCHEMA_VERSION}; "
+            "deploy the newer keylane"
+        )
+    try:
+        return _decoder.decode(blob)
+    except msgspec.DecodeError as exc:
+        raise CorruptState(f"state blob does not decode: {exc}") from exc
+
+
+def encode_memory(memory: MemoryBlob) -> bytes:
+    """The MEMORY cell alone (its size is what memory_bytes reports)."""
+    return _encoder.encode(memory)
+
+
+def encoded_size(value: Any) -> int:
+    """Bytes of one memory value as stored."""
+    return len(_encoder.encode(value))

@@ -1,0 +1,73 @@
+"""ShardKeys: the Faust stage that fans a hot logical key out over N physical keys.
+
+It consumes agent.events (logical keys) and produces agent.events.sharded with the record
+key and the envelope's ``entity_key`` both rewritten to ``key#i`` (see service/keys.py for
+the assignment). Only events pass through it: tool results and approvals already carry
+the physical key, and re-sharding them would route them away from their continuation.
+
+A record it cannot read becomes ``malformed_record`` on agent.errors; it is never dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import faust
+
+from service.catalog import EVENTS, EVENTS_SHARDED, Catalog
+from service.keys import Assignment, ShardAssigner
+from service.records import InputRecord, error_emit
+from service.runtime.activation import wall_clock_ms
+from service.runtime.processor import Publisher, raw_topic
+from service.wire import AgentEnvelope, MalformedRecord, decode, decode_key, encode
+
+SHARDED_FROM_HEADER = "keylane.sharded-from"
+
+
+class ShardKeys:
+    """``ShardKeys(4)``: route each event to one of 4 physical keys of its logical key."""
+
+    def __init__(self, n: int, *, assignment: Assignment = "hash") -> None:
+        self.assigner = ShardAssigner(n, assignment=assignment)
+
+    def reshard(self, key: bytes | None, value: bytes | None) -> tuple[bytes, bytes]:
+        """(physical key, rewritten value) for one agent.events record, or MalformedRecord."""
+        key_text = decode_key(key)
+        envelope = decode(value, AgentEnvelope)
+        envelope.payload_bytes()
+        if envelope.entity_key is not None and envelope.entity_key != key_text:
+            raise MalformedRecord(
+                f"entity_key {envelope.entity_key!r} differs from the record key {key_text!r}"
+            )
+        assert key is not None and value is not None
+        physical = self.assigner.physical_key(key, value)
+        envelope.entity_key = physical.decode()
+        return physical, encode(envelope)
+
+    def install(self, app: faust.App, catalog: Catalog, publisher: Publisher) -> None:
+        """Add the stage to a Faust app: agent.events -> agent.events.sharded."""
+        source = raw_topic(app, catalog.name(EVENTS))
+        target = raw_topic(app, catalog.name(EVENTS_SHARDED))
+
+        async def shard(stream: Any) -> None:
+            async for event in stream.events():
+                message = event.message
+                try:
+                    physical, value = self.reshard(message.key, message.value)
+                except MalformedRecord as exc:
+                    record = InputRecord(
+                        topic=EVENTS,
+                        broker_topic=message.topic,
+                        partition=message.partition,
+                        offset=message.offset,
+                        key=message.key,
+                        value=message.value,
+                    )
+                    await publisher.publish(
+                        error_emit(record, "malformed_record", exc.detail, now_ms=wall_clock_ms())
+                    )
+                    continue
+                origin = f"{message.topic}/{message.partition}/{message.offset}"
+                await target.send(key=physical, value=value, headers=[(SHARDED_FROM_HEADER, origin.encode())])
+
+        app.agent(source, name="keylane.shard-keys")(shard)
