@@ -28,6 +28,8 @@ def build_app(settings: Settings, catalog: Catalog, *, partitions: int | None = 
         datadir=str(settings.data_dir),
         topic_partitions=co_partitions,
         topic_replication_factor=catalog[EVENTS].replication_factor,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
         web_enabled=False,
         autodiscover=False,
     )

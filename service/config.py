@@ -46,6 +46,10 @@ class Settings:
     log_level: str = "info"
     """Logging level for the worker (KEYLANE_LOG_LEVEL)."""
 
+    session_timeout_s: float = 10.0
+    """Consumer-group session timeout: how long a crashed worker keeps its partitions before
+    the group moves them (KEYLANE_SESSION_TIMEOUT_S; the broker's minimum is 6)."""
+
     def __post_init__(self) -> None:
         servers = [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()]
         if not servers or not all(_HOST_PORT.match(s) for s in servers):
@@ -64,6 +68,8 @@ class Settings:
             raise ConfigError("KEYLANE_REPLICATION_FACTOR must be a whole number >= 1")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError("KEYLANE_METRICS_PORT must be a port number (0 disables /metrics)")
+        if self.session_timeout_s < 6:
+            raise ConfigError("KEYLANE_SESSION_TIMEOUT_S must be at least 6 (the broker's minimum)")
         if not _TOPIC_CHARS.match(self.app_id) or not self.app_id:
             raise ConfigError(f"app id {self.app_id!r} must be non-empty and use a-z A-Z 0-9 . _ -")
 
@@ -94,6 +100,8 @@ class Settings:
             values["data_dir"] = Path(env["KEYLANE_DATA_DIR"])
         if env.get("KEYLANE_METRICS_PORT"):
             values["metrics_port"] = _int(env, "KEYLANE_METRICS_PORT")
+        if env.get("KEYLANE_SESSION_TIMEOUT_S"):
+            values["session_timeout_s"] = _float(env, "KEYLANE_SESSION_TIMEOUT_S")
         if env.get("KEYLANE_LOG_LEVEL"):
             values["log_level"] = env["KEYLANE_LOG_LEVEL"]
         known = {f.name for f in fields(cls)}
@@ -115,3 +123,11 @@ def _int(env: Mapping[str, str], name: str) -> int:
         return int(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a whole number; set it to one, e.g. {name}=3") from None
+
+
+def _float(env: Mapping[str, str], name: str) -> float:
+    raw = env[name]
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number; set it to one, e.g. {name}=10") from None

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from service.config import Settings
+from service.topic_admin import admin_client
 
 
 async def consume(
@@ -50,3 +53,74 @@ def kcat_produce(settings: Settings, topic: str, lines: bytes, *, key_delimiter:
         check=True,
         timeout=30,
     )
+
+
+async def partition_ids(settings: Settings, topic: str) -> list[int]:
+    """The partition numbers of ``topic``, from the broker."""
+    async with admin_client(settings) as client:
+        (described,) = await client.describe_topics([topic])
+    assert described["error_code"] == 0, f"topic {topic} does not exist"
+    return sorted(p["partition"] for p in described["partitions"])
+
+
+@dataclass(frozen=True)
+class Record:
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes]
+    partition: int
+    offset: int
+
+    @property
+    def record_id(self) -> str:
+        return self.headers["keylane.id"].decode()
+
+
+async def read_all(settings: Settings, topic: str) -> list[Record]:
+    """Every record on ``topic`` right now (up to the end offsets at the time of the call)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_list, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topic, p) for p in await partition_ids(settings, topic)]
+        consumer.assign(partitions)
+        ends = await consumer.end_offsets(partitions)
+        for tp in partitions:
+            consumer.seek(tp, 0)
+        records: list[Record] = []
+        async with asyncio.timeout(30):
+            while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+                batch = await consumer.getmany(timeout_ms=500)
+                for messages in batch.values():
+                    records.extend(
+                        Record(m.key, m.value, dict(m.headers or ()), m.partition, m.offset) for m in messages
+                    )
+        return records
+    finally:
+        await consumer.stop()
+
+
+async def wait_for_records(
+    settings: Settings, topic: str, predicate: Callable[[list[Record]], bool], *, timeout_s: float = 60
+) -> list[Record]:
+    """Poll ``topic`` until ``predicate(all records)`` holds; fail with what was there."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        records = await read_all(settings, topic)
+        if predicate(records):
+            return records
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met on {topic} within {timeout_s}s; {len(records)} records")
+        await asyncio.sleep(0.5)
+
+
+async def produce(settings: Settings, topic: str, records: list[tuple[bytes | None, bytes]]) -> None:
+    """Produce (key, value) pairs with aiokafka (murmur2 partitioner, acks=all), in order."""
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_list, acks="all")
+    await producer.start()
+    try:
+        for key, value in records:
+            await producer.send_and_wait(topic, key=key, value=value)
+    finally:
+        await producer.stop()

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from service.llm.types import LlmRequest, LlmResponse, ProviderError
+from service.llm.types import LlmRequest, LlmResponse, ProviderError, canonical_json
 
 Matcher = Callable[[LlmRequest], bool]
 Responder = Callable[[LlmRequest, int], Awaitable[LlmResponse]]
@@ -36,9 +36,19 @@ def match_model_id(model_id: str) -> Matcher:
 
 
 def match_contains(text: str) -> Matcher:
-    """Matches requests whose canonical messages contain ``text``."""
-    needle = text.encode()
-    return lambda request: needle in request.canonical()
+    """Matches requests where one of the messages contains ``text``.
+
+    A string message is searched as it is; any other message as its JSON text. The model
+    id, tools schema and sampling parameters are not searched.
+    """
+
+    def matches(request: LlmRequest) -> bool:
+        return any(
+            text in (message if isinstance(message, str) else canonical_json(message).decode())
+            for message in request.messages
+        )
+
+    return matches
 
 
 def respond_with(

@@ -142,8 +142,10 @@ class KeyRuntime:
             if state.continuation is not None:
                 metrics.EVENTS_BUFFERED.inc()
                 buffered = BufferedEvent(
+                    value=record.value or b"",
                     payload=parsed.payload_bytes(),
                     origin_topic=record.topic,
+                    origin_broker_topic=record.broker_topic,
                     origin_partition=record.partition,
                     origin_offset=record.offset,
                 )
@@ -195,12 +197,15 @@ class KeyRuntime:
             return "no_continuation"
         if resume.intent_id not in cont.pending_intent_ids:
             return "unknown_intent"
+        if isinstance(resume, ToolResult) and resume.status == "EXPIRED":
+            # The effector refused the intent as expired. While the suspension lives (its
+            # timer has not fired yet), the agent gets the chance to take its degraded path.
+            return None
         now = self.clock()
         if cont.deadline_ms <= 0 or now >= cont.deadline_ms:
             return "deadline_passed"
         pending = state.pending.get(resume.intent_id)
-        expired_result = isinstance(resume, ToolResult) and resume.status == "EXPIRED"
-        if pending is not None and not expired_result and now >= pending.expires_at_ms:
+        if pending is not None and now >= pending.expires_at_ms:
             return f"intent_expired:{resume.intent_id}"
         return None
 
@@ -333,11 +338,11 @@ class KeyRuntime:
             state = struct_replace(state, buffered=rest)
             origin = InputRecord(
                 topic=head.origin_topic,
-                broker_topic=head.origin_topic,
+                broker_topic=head.origin_broker_topic,
                 partition=head.origin_partition,
                 offset=head.origin_offset,
                 key=key,
-                value=head.payload,
+                value=head.value,
             )
             try:
                 committed = await self._activate(state, key, event=head.payload, record=origin)

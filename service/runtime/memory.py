@@ -9,7 +9,8 @@ Size is the sum of encoded keys and values. Two caps, per key:
   ``memory_soft_cap_warnings``, once per activation;
 * hard cap (1 MiB): a write that would exceed it first compacts once (drops the least
   recently used entries, other than the one being written, down to half the cap); if the
-  write still does not fit it raises MemoryOverflow and is not applied.
+  write still does not fit it raises MemoryOverflow, and neither the write nor the
+  compaction is applied.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Memory:
         on_soft_cap: Callable[[int], None] | None = None,
     ) -> None:
         self._entries: dict[str, MemoryEntry] = dict(blob.entries)
-        self._sizes = {key: len(key) + encoded_size(e.value) for key, e in self._entries.items()}
+        self._sizes = {key: _key_size(key) + encoded_size(e.value) for key, e in self._entries.items()}
         self._total = sum(self._sizes.values())
         self._now_ms = now_ms
         self._hard_cap = hard_cap_bytes
@@ -121,12 +122,16 @@ class Memory:
         return entry
 
     def _write(self, key: str, entry: MemoryEntry) -> None:
-        size = len(key) + encoded_size(entry.value)
+        size = _key_size(key) + encoded_size(entry.value)
         projected = self._total - self._sizes.get(key, 0) + size
         if projected > self._hard_cap:
+            before = (dict(self._entries), dict(self._sizes), self._total, self.dirty)
             self._compact(keep=key, target=self._hard_cap // 2)
             projected = self._total - self._sizes.get(key, 0) + size
             if projected > self._hard_cap:
+                # The write fails as a whole: the entries compaction dropped come back, so an
+                # agent that catches MemoryOverflow and goes on commits its memory intact.
+                self._entries, self._sizes, self._total, self.dirty = before
                 raise MemoryOverflow(key, projected, self._hard_cap)
         self._entries[key] = entry
         self._total = projected
@@ -145,3 +150,7 @@ class Memory:
             if self._total <= target:
                 break
             self.delete(key)
+
+
+def _key_size(key: str) -> int:
+    return len(key.encode())

@@ -100,10 +100,12 @@ class OutboxRecord(msgspec.Struct, kw_only=True):
 
 
 class BufferedEvent(msgspec.Struct, kw_only=True):
-    """An event that arrived while the key was suspended."""
+    """An event that arrived while the key was suspended: the record as it was delivered."""
 
-    payload: bytes
-    origin_topic: str
+    value: bytes  # the raw record value (the envelope), kept for an error record
+    payload: bytes  # what the agent will see as ctx.event
+    origin_topic: str  # logical catalog name
+    origin_broker_topic: str
     origin_partition: int
     origin_offset: int
 

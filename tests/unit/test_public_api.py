@@ -1,0 +1,47 @@
+"""The public API is exactly what service/__init__.py re-exports: adding or removing a name
+is a decision, so this list changes with it."""
+
+from __future__ import annotations
+
+import service
+
+PUBLIC = [
+    "ActivationContext",
+    "AgentConfig",
+    "Approval",
+    "Complete",
+    "FakeLLM",
+    "HitlPolicy",
+    "KeylaneError",
+    "LlmRequest",
+    "LlmResponse",
+    "Memory",
+    "MemoryOverflow",
+    "Provider",
+    "ProviderError",
+    "ShardKeys",
+    "SideEffectOutsideIntent",
+    "Suspend",
+    "ToolIntent",
+    "ToolRegistry",
+    "ToolResult",
+    "fail_then_succeed",
+    "match_any",
+    "match_contains",
+    "match_model_id",
+    "raise_error",
+    "respond_with",
+    "shard_key",
+    "tool",
+    "unshard_key",
+]
+
+
+def test_public_names_are_frozen() -> None:
+    assert sorted(service.__all__) == PUBLIC
+
+
+def test_every_public_name_exists_and_is_documented() -> None:
+    for name in service.__all__:
+        value = getattr(service, name)
+        assert (value.__doc__ or "").strip(), f"{name} has no docstring"

@@ -1,0 +1,179 @@
+"""The committed state blob is pinned: a change to its bytes must be a deliberate schema change."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from service.runtime.state import (
+    STATE_SCHEMA_VERSION,
+    BufferedEvent,
+    CacheEntry,
+    Continuation,
+    CorruptState,
+    KeyState,
+    MemoryBlob,
+    MemoryEntry,
+    OutboxRecord,
+    PendingIntent,
+    StateFromTheFuture,
+    decode_state,
+    encode_state,
+)
+
+# The msgpack bytes of reference_state() under STATE_SCHEMA_VERSION 1. Never edit by hand to
+# make the test pass: a new encoding needs a new schema version and a migration.
+GOLDEN_HEX = (
+    "89b473746174655f736368656d615f76657273696f6e01a373657107a66d656d6f727981a7656e747269657382a46e61"
+    "6d6583a576616c7565a3616461a472696e67c2ae6c6173745f6163636573735f6d73cd03e8a6726563656e7483a57661"
+    "6c75659301a374776fc40103a472696e67c3ae6c6173745f6163636573735f6d73cd07d0ac636f6e74696e756174696f"
+    "6e87a373657106aa737465705f696e64657803b270656e64696e675f696e74656e745f69647392a8696e74656e742d61"
+    "a8696e74656e742d62a8736e617073686f74c404736e6170af73757370656e6465645f61745f6d73cd0bb8ab64656164"
+    "6c696e655f6d73cd0fa0ab657363616c6174696f6e7301a96c6c6d5f63616368659188a963616368655f6b6579a2636b"
+    "a8726573706f6e7365c40472657370a6646967657374a26431aa637265617465645f6d73cd1388ab6469676573745f6f"
+    "6e6c79c3a86d6f64656c5f6964a666616b652d31ad70726f6d70745f746f6b656e730bb1636f6d706c6574696f6e5f74"
+    "6f6b656e730ca770656e64696e6781a8696e74656e742d6184a9696e74656e745f6964a8696e74656e742d61a4746f6f"
+    "6ca6726566756e64a46b696e64a8617070726f76616cad657870697265735f61745f6d73cd1770a76170706c69656482"
+    "ac6167656e742e6576656e747329ad6167656e742e726573756c747309a66f7574626f789187a97265636f72645f6964"
+    "a56f75742d31a5746f706963ac6167656e742e6572726f7273a36b6579c4036b2330a576616c7565c4027b7dac6f7269"
+    "67696e5f746f706963ac6167656e742e6576656e7473ad6f726967696e5f6f666673657429a56c6162656cb061637469"
+    "766174696f6e5f6572726f72a862756666657265649186a576616c7565c4197b2276223a312c227061796c6f6164223a"
+    "226c61746572227da77061796c6f6164c4056c61746572ac6f726967696e5f746f706963ac6167656e742e6576656e74"
+    "73b36f726967696e5f62726f6b65725f746f706963b170726f642e6167656e742e6576656e7473b06f726967696e5f70"
+    "6172746974696f6e02ad6f726967696e5f6f66667365742a"
+)
+
+
+def reference_state() -> KeyState:
+    """A KeyState with every field (nested ones included) set away from its default."""
+    return KeyState(
+        state_schema_version=STATE_SCHEMA_VERSION,
+        seq=7,
+        memory=MemoryBlob(
+            entries={
+                "name": MemoryEntry(value="ada", ring=False, last_access_ms=1_000),
+                "recent": MemoryEntry(value=[1, "two", b"\x03"], ring=True, last_access_ms=2_000),
+            }
+        ),
+        continuation=Continuation(
+            seq=6,
+            step_index=3,
+            pending_intent_ids=["intent-a", "intent-b"],
+            snapshot=b"snap",
+            suspended_at_ms=3_000,
+            deadline_ms=4_000,
+            escalations=1,
+        ),
+        llm_cache=[
+            CacheEntry(
+                cache_key="ck",
+                response=b"resp",
+                digest="d1",
+                created_ms=5_000,
+                digest_only=True,
+                model_id="fake-1",
+                prompt_tokens=11,
+                completion_tokens=12,
+            )
+        ],
+        pending={
+            "intent-a": PendingIntent(
+                intent_id="intent-a", tool="refund", kind="approval", expires_at_ms=6_000
+            )
+        },
+        applied={"agent.events": 41, "agent.results": 9},
+        outbox=[
+            OutboxRecord(
+                record_id="out-1",
+                topic="agent.errors",
+                key=b"k#0",
+                value=b"{}",
+                origin_topic="agent.events",
+                origin_offset=41,
+                label="activation_error",
+            )
+        ],
+        buffered=[
+            BufferedEvent(
+                value=b'{"v":1,"payload":"later"}',
+                payload=b"later",
+                origin_topic="agent.events",
+                origin_broker_topic="prod.agent.events",
+                origin_partition=2,
+                origin_offset=42,
+            )
+        ],
+    )
+
+
+def test_the_reference_state_encodes_to_the_golden_bytes() -> None:
+    assert STATE_SCHEMA_VERSION == 1
+    assert encode_state(reference_state()).hex() == GOLDEN_HEX, (
+        "the state encoding changed: bump STATE_SCHEMA_VERSION and add a migration"
+    )
+
+
+def test_the_golden_bytes_decode_to_the_reference_state() -> None:
+    assert decode_state(bytes.fromhex(GOLDEN_HEX)) == reference_state()
+
+
+def test_every_field_of_the_reference_state_is_set_away_from_its_default() -> None:
+    """Keeps the golden blob meaningful: a field left at its default would not be pinned."""
+    state, fresh = reference_state(), KeyState()
+    for name in KeyState.__struct_fields__:
+        if name != "state_schema_version":
+            assert getattr(state, name) != getattr(fresh, name), name
+    assert state.continuation is not None
+    by_type: dict[type[msgspec.Struct], list[msgspec.Struct]] = {}
+    for struct in [
+        *state.memory.entries.values(),
+        state.continuation,
+        *state.llm_cache,
+        *state.pending.values(),
+        *state.outbox,
+        *state.buffered,
+    ]:
+        by_type.setdefault(type(struct), []).append(struct)
+    for struct_type, instances in by_type.items():
+        for field in msgspec.structs.fields(struct_type):
+            if field.default is not msgspec.NODEFAULT:
+                values = [getattr(s, field.name) for s in instances]
+                assert any(v != field.default for v in values), f"{struct_type.__name__}.{field.name}"
+
+
+def test_a_blob_from_a_newer_schema_version_is_refused() -> None:
+    newer = msgspec.msgpack.encode({"state_schema_version": 2, "seq": 1})
+    newer_with_new_shape = msgspec.msgpack.encode({"state_schema_version": 2, "seq": "now a string"})
+
+    with pytest.raises(StateFromTheFuture, match="schema version 2"):
+        decode_state(newer)
+    with pytest.raises(StateFromTheFuture, match="deploy the newer keylane"):
+        decode_state(newer_with_new_shape)
+    with pytest.raises(StateFromTheFuture):
+        decode_state(encode_state(KeyState(state_schema_version=2)))
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        b"\xc1 garbage",
+        b"not msgpack at all",
+        msgspec.msgpack.encode([1, 2, 3]),
+        msgspec.msgpack.encode({"state_schema_version": "one"}),
+        msgspec.msgpack.encode({"state_schema_version": 1, "seq": "seven"}),
+        bytes.fromhex(GOLDEN_HEX)[:-5],
+    ],
+    ids=["invalid-byte", "text", "array", "version-not-int", "wrong-field-type", "truncated"],
+)
+def test_a_blob_that_does_not_decode_is_corrupt_state(blob: bytes) -> None:
+    with pytest.raises(CorruptState, match="state blob does not decode"):
+        decode_state(blob)
+
+
+@pytest.mark.parametrize("blob", [None, b""])
+def test_no_blob_is_a_fresh_key_state(blob: bytes | None) -> None:
+    fresh = decode_state(blob)
+
+    assert fresh == KeyState()
+    assert (fresh.seq, fresh.continuation, fresh.memory.entries) == (0, None, {})
+    assert fresh.state_schema_version == STATE_SCHEMA_VERSION
