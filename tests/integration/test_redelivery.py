@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from service.catalog import EVENTS, INTENTS, OUTPUT, RESULTS, Catalog
+from service.catalog import ERRORS, EVENTS, INTENTS, OUTPUT, RESULTS, Catalog
 from service.config import Settings
-from service.wire import AgentEnvelope, encode
+from service.wire import AgentEnvelope, ErrorRecord, decode, encode
 from tests.integration.test_worker import free_port, http_get
 from tests.kafka_io import Record, partition_ids, produce, read_all, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
@@ -98,3 +98,41 @@ async def test_rewound_group_replays_without_new_activations(
         "seq unchanged: 0, 2, 4, 6 per key"
     )
     assert len(Path(ledgers["TOOL_LEDGER"]).read_text().splitlines()) == total, "each intent executed once"
+
+
+async def test_rewound_effector_republishes_results_and_runs_no_tool_again(
+    settings: Settings, catalog: Catalog, tmp_path: Path
+) -> None:
+    ledgers = {"LLM_LEDGER": str(tmp_path / "llm.jsonl"), "TOOL_LEDGER": str(tmp_path / "tools.jsonl")}
+    env = process_env(settings, **ledgers)
+    worker = KeylaneProcess(
+        ["worker", "--agent", "tests.agents.flow:act_then_complete"], env, tmp_path / "w.log"
+    )
+    effector_args = ["effector", "--tools", "tests.agents.flow"]
+    events = [(k, encode(AgentEnvelope(payload=f"{k.decode()}-e0"))) for k in KEYS]
+
+    with running(worker):
+        with running(KeylaneProcess(effector_args, env, tmp_path / "e1.log")):
+            await produce(settings, catalog.name(EVENTS), events)
+            await wait_for_records(
+                settings, catalog.name(OUTPUT), lambda rs: len(rs) == len(KEYS), timeout_s=90
+            )
+        first_results = by_id(await read_all(settings, catalog.name(RESULTS)))
+
+        effector_group = settings.with_overrides(app_id=f"{settings.app_id}-effector")
+        await rewind_group(effector_group, [catalog.name(INTENTS)])
+        with running(KeylaneProcess(effector_args, env, tmp_path / "e2.log")):
+            results = await wait_for_records(
+                settings, catalog.name(RESULTS), lambda rs: len(rs) == 2 * len(KEYS), timeout_s=90
+            )
+        # The worker saw the republished results: each is refused, the continuation is gone.
+        orphans = await wait_for_records(
+            settings, catalog.name(ERRORS), lambda rs: len(rs) == len(KEYS), timeout_s=60
+        )
+        outputs = await read_all(settings, catalog.name(OUTPUT))
+
+    assert len(Path(ledgers["TOOL_LEDGER"]).read_text().splitlines()) == len(KEYS), "no tool ran twice"
+    assert by_id(results) == first_results, "Done intents republish the stored result, byte for byte"
+    assert len(outputs) == len(KEYS), "a republished result finds no continuation: no second output"
+    details = [decode(r.value, ErrorRecord).detail for r in orphans]
+    assert details == ["no_continuation"] * len(KEYS)
