@@ -85,6 +85,7 @@ class CacheEntry(msgspec.Struct, kw_only=True):
     model_id: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    size: int = 0  # encoded bytes of this entry, computed once at insert (the cap sums these)
 
 
 class OutboxRecord(msgspec.Struct, kw_only=True):
