@@ -18,8 +18,9 @@ from service.llm import (
     raise_error,
     respond_with,
 )
-from service.runtime.api import AgentConfig, Complete, HitlPolicy, Suspend
+from service.runtime.api import AgentConfig, Complete, Suspend
 from service.runtime.context import ActivationContext
+from service.runtime.hitl import Deny, Drop, Escalate, FallbackContext, HitlPolicy
 from service.runtime.memory import Memory, MemoryOverflow
 from service.shard_keys import ShardKeys
 from service.tools import SideEffectOutsideIntent, ToolRegistry, tool
@@ -30,7 +31,11 @@ __all__ = [
     "AgentConfig",
     "Approval",
     "Complete",
+    "Deny",
+    "Drop",
+    "Escalate",
     "FakeLLM",
+    "FallbackContext",
     "HitlPolicy",
     "KeylaneError",
     "LlmRequest",

@@ -10,12 +10,13 @@ import argparse
 import asyncio
 import logging
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from service.catalog import Catalog, load_catalog
 from service.config import Settings
-from service.errors import KeylaneError
+from service.errors import ConfigError, KeylaneError
 from service.topic_admin import admin_client, apply_catalog, inspect_catalog
 
 EXIT_OK = 0
@@ -129,6 +130,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="default timeout of one tool execution (default 60)",
     )
     effector.set_defaults(handler=_effector)
+
+    approve = commands.add_parser(
+        "approve",
+        parents=[common],
+        help="approve (or --deny) a pending approval request",
+        description="Publish a decision on agent.approvals under the request's physical key; it "
+        "resumes the suspended agent if it arrives before the deadline.",
+    )
+    approve.add_argument("--key", required=True, help="the physical key from the request (e.g. customer-7#2)")
+    approve.add_argument("--intent", required=True, metavar="ID", help="the request's intent id")
+    approve.add_argument("--deny", action="store_true", help="deny instead of approve")
+    approve.add_argument("--approver", required=True, metavar="NAME", help="who decided")
+    approve.add_argument("--reason", metavar="TEXT", help="why, for the record")
+    approve.set_defaults(handler=_approve)
+
+    approvals = commands.add_parser("approvals", help="list approval requests")
+    approval_cmds = approvals.add_subparsers(
+        dest="approvals_command", required=True, metavar="ACTION", parser_class=_Parser
+    )
+    listing = approval_cmds.add_parser(
+        "list",
+        parents=[common],
+        help="pending approval requests with their deadlines",
+        description="Read agent.approval-requests and agent.approvals; print the requests still waiting.",
+    )
+    listing.add_argument("--all", action="store_true", help="also show decided and expired requests")
+    listing.set_defaults(handler=_approvals_list)
     return parser
 
 
@@ -225,10 +253,52 @@ def _effector(args: argparse.Namespace) -> int:
     )
 
 
+def _approve(args: argparse.Namespace) -> int:
+    from service.approvals import send_approval
+
+    settings = _settings(args)
+    if not args.key.strip() or not args.intent.strip() or not args.approver.strip():
+        raise ConfigError("--key, --intent and --approver must not be empty")
+    approval = asyncio.run(
+        send_approval(
+            settings,
+            _catalog(settings),
+            key=args.key,
+            intent_id=args.intent,
+            approved=not args.deny,
+            approver=args.approver,
+            reason=args.reason,
+        )
+    )
+    verdict = "approved" if approval.approved else "denied"
+    signed = f", signed with key {approval.key_id}" if approval.key_id else ""
+    print(f"{verdict} {approval.intent_id} for {approval.entity_key} by {approval.approver}{signed}")
+    return EXIT_OK
+
+
+def _approvals_list(args: argparse.Namespace) -> int:
+    from service.approvals import approval_requests
+
+    settings = _settings(args)
+    now_ms = time.time_ns() // 1_000_000
+    views = asyncio.run(approval_requests(settings, _catalog(settings), now_ms=now_ms))
+    shown = [v for v in views if args.all or v.status == "pending"]
+    print(f"{'key':<28} {'intent':<36} {'channel':<12} {'status':<8} {'deadline (UTC)':<20} args")
+    for view in shown:
+        request = view.request
+        deadline = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(request.deadline_ms / 1000))
+        print(
+            f"{request.entity_key:<28} {request.intent_id:<36} {request.channel:<12} {view.status:<8} "
+            f"{deadline:<20} {request.args_json}"
+        )
+    print(f"{sum(v.status == 'pending' for v in views)} pending of {len(views)} requests")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``keylane`` console script."""
     args = build_parser().parse_args(argv)
-    if args.command == "topics":
+    if args.command in ("topics", "approve", "approvals"):
         # The admin client logs each failed connection attempt; the one-line error below
         # says the same thing with the fix, so keep its noise off the terminal.
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from service.errors import ConfigError
+from service.signing import Keyring
 
 # Kafka's legal topic characters; the prefix is part of every topic name.
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]*$")
@@ -46,6 +47,17 @@ class Settings:
     log_level: str = "info"
     """Logging level for the worker (KEYLANE_LOG_LEVEL)."""
 
+    signing_keys: str = field(default="", repr=False)
+    """Trusted HMAC keys, ``kid:secret[,kid:secret]``; the first signs (KEYLANE_SIGNING_KEYS)."""
+
+    intent_signatures: str = "off"
+    """How the effector checks intent signatures: off | permissive | require
+    (KEYLANE_INTENT_SIGNATURES)."""
+
+    approval_signatures: str = "off"
+    """How the worker checks approval signatures: off | permissive | require
+    (KEYLANE_APPROVAL_SIGNATURES)."""
+
     session_timeout_s: float = 10.0
     """Consumer-group session timeout: how long a crashed worker keeps its partitions before
     the group moves them (KEYLANE_SESSION_TIMEOUT_S; the broker's minimum is 6)."""
@@ -68,10 +80,22 @@ class Settings:
             raise ConfigError("KEYLANE_REPLICATION_FACTOR must be a whole number >= 1")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError("KEYLANE_METRICS_PORT must be a port number (0 disables /metrics)")
+        for variable, mode in (
+            ("KEYLANE_INTENT_SIGNATURES", self.intent_signatures),
+            ("KEYLANE_APPROVAL_SIGNATURES", self.approval_signatures),
+        ):
+            if mode not in ("off", "permissive", "require"):
+                raise ConfigError(f"{variable}={mode!r} must be one of off, permissive, require")
+            if mode == "require" and not self.keyring().keys:
+                raise ConfigError(f"{variable}=require needs keys: set KEYLANE_SIGNING_KEYS=keyid:secret")
         if self.session_timeout_s < 6:
             raise ConfigError("KEYLANE_SESSION_TIMEOUT_S must be at least 6 (the broker's minimum)")
         if not _TOPIC_CHARS.match(self.app_id) or not self.app_id:
             raise ConfigError(f"app id {self.app_id!r} must be non-empty and use a-z A-Z 0-9 . _ -")
+
+    def keyring(self) -> Keyring:
+        """The signing keys, parsed."""
+        return Keyring.parse(self.signing_keys)
 
     @property
     def bootstrap_list(self) -> list[str]:
@@ -102,6 +126,13 @@ class Settings:
             values["metrics_port"] = _int(env, "KEYLANE_METRICS_PORT")
         if env.get("KEYLANE_SESSION_TIMEOUT_S"):
             values["session_timeout_s"] = _float(env, "KEYLANE_SESSION_TIMEOUT_S")
+        for variable, name in (
+            ("KEYLANE_SIGNING_KEYS", "signing_keys"),
+            ("KEYLANE_INTENT_SIGNATURES", "intent_signatures"),
+            ("KEYLANE_APPROVAL_SIGNATURES", "approval_signatures"),
+        ):
+            if env.get(variable):
+                values[name] = env[variable]
         if env.get("KEYLANE_LOG_LEVEL"):
             values["log_level"] = env["KEYLANE_LOG_LEVEL"]
         known = {f.name for f in fields(cls)}

@@ -39,6 +39,12 @@ MEMORY_SOFT_CAP_WARNINGS = Counter(
     "keylane_memory_soft_cap_warnings", "Activations that crossed the soft cap."
 )
 OUTPUTS = Counter("keylane_outputs", "Records produced to agent.output.")
+UNSIGNED = Counter(
+    "keylane_unsigned_records", "Intents or approvals with a missing or bad signature.", ["kind"]
+)
+TIMERS_FIRED = Counter("keylane_timers_fired", "Due timer fires applied by a key's lane.", ["kind"])
+TIMERS_IGNORED = Counter("keylane_timers_ignored", "Timer fires ignored as stale, early or duplicate.")
+TIMERS_SENT = Counter("keylane_timers_sent", "Timer-fired commands sent by the scan.", ["kind"])
 
 ACTIVATION_MS = Histogram(
     "keylane_activation_ms", "Wall time of one activation, model and tools included.", buckets=_MS_BUCKETS

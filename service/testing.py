@@ -16,13 +16,24 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-from service.catalog import APPROVALS, ERRORS, EVENTS, INTENTS, OUTPUT, RESULTS
+from service.catalog import APPROVAL_REQUESTS, APPROVALS, ERRORS, EVENTS, INTENTS, OUTPUT, RESULTS, TIMERS
 from service.llm.types import Provider
 from service.records import Emit, InputRecord
 from service.runtime.activation import Clock, Decision, KeyRuntime, wall_clock_ms
 from service.runtime.api import AgentConfig, AgentFn
 from service.runtime.state import KeyState, decode_state, encode_state
-from service.wire import AgentEnvelope, Approval, ErrorRecord, ToolIntent, ToolResult, decode, encode
+from service.runtime.timers import TimerIndex
+from service.wire import (
+    AgentEnvelope,
+    Approval,
+    ApprovalRequest,
+    ErrorRecord,
+    TimerFired,
+    ToolIntent,
+    ToolResult,
+    decode,
+    encode,
+)
 
 
 class ManualClock:
@@ -56,6 +67,7 @@ class AgentHarness:
         self.published: list[Emit] = []
         self._offsets: dict[str, Iterator[int]] = defaultdict(itertools.count)
         self.records: list[InputRecord] = []
+        self.timers = TimerIndex()
 
     async def send_event(self, key: bytes, payload: Any, **envelope: Any) -> Decision:
         """Deliver an event; ``payload`` is any JSON value (a str reaches the agent as UTF-8)."""
@@ -89,11 +101,23 @@ class AgentHarness:
         if decision.new_state is not None:
             assert record.key is not None
             self.store[record.key] = encode_state(decision.new_state)
+            self.timers.update(record.key, decision.new_state)
         for emit in decision.emits:
             self.runtime.on_published(emit.record_id)
             self.published.append(emit)
             self.runtime.on_delivered(emit.record_id)
         return decision
+
+    async def fire_due_timers(self) -> list[Decision]:
+        """Send a timer-fired command for every timer due at the clock's now, as the worker's
+        scan would, and let each key's lane apply it."""
+        decisions = []
+        for key, kind, timer in self.timers.due(self.runtime.clock()):
+            fired = TimerFired(
+                entity_key=key.decode(), kind=kind, token=timer.token, deadline_ms=timer.deadline_ms
+            )
+            decisions.append(await self.send_raw(TIMERS, key, encode(fired)))
+        return decisions
 
     def state(self, key: bytes) -> KeyState:
         """The committed state of a key."""
@@ -106,6 +130,10 @@ class AgentHarness:
     def intents(self) -> list[ToolIntent]:
         """Every intent published to agent.intents, in order."""
         return [decode(e.value, ToolIntent) for e in self.published if e.topic == INTENTS]
+
+    def approval_requests(self) -> list[ApprovalRequest]:
+        """Every request published to agent.approval-requests, in order."""
+        return [decode(e.value, ApprovalRequest) for e in self.published if e.topic == APPROVAL_REQUESTS]
 
     def errors(self) -> list[ErrorRecord]:
         """Every record published to agent.errors, in order."""

@@ -22,6 +22,7 @@ from service.errors import KeylaneError
 SCHEMA_VERSION = 1
 
 ToolStatus = Literal["OK", "ERROR", "EXPIRED", "REJECTED"]
+TimerKind = Literal["hitl", "ttl"]
 
 
 class MalformedRecord(KeylaneError):
@@ -100,6 +101,8 @@ class Approval(msgspec.Struct, kw_only=True, omit_defaults=True):
     approver: str
     reason: str | None = None
     decided_at_ms: int = 0
+    signature: str | None = None
+    key_id: str | None = None
 
 
 class ApprovalRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -115,6 +118,20 @@ class ApprovalRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     args_json: str
     created_at_ms: int
     expires_at_ms: int
+    deadline_ms: int
+
+
+class TimerFired(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A timer-fired command (agent.timers), sent into the key's own partition by the scan.
+
+    The key's lane applies it in order with its other inputs; a ``token`` that no longer
+    matches the key's armed timer is stale and ignored.
+    """
+
+    v: int = SCHEMA_VERSION
+    entity_key: str
+    kind: TimerKind
+    token: str
     deadline_ms: int
 
 

@@ -18,6 +18,7 @@ from service.loader import import_module, load_agent
 from service.runtime.activation import KeyRuntime
 from service.runtime.processor import AgentProcessor
 from service.shard_keys import ShardKeys
+from service.signing import parse_mode
 from service.tools import default_registry
 from service.topic_admin import admin_client, inspect_catalog
 
@@ -61,7 +62,12 @@ def run_worker(settings: Settings, catalog: Catalog, *, agent_ref: str, config_r
     agent, config = load_agent(agent_ref, config_ref)
     asyncio.run(verify_topics(settings, catalog))
     app = build_app(settings, catalog)
-    runtime = KeyRuntime(agent, config)
+    runtime = KeyRuntime(
+        agent,
+        config,
+        keyring=settings.keyring(),
+        approval_signatures=parse_mode(settings.approval_signatures, "KEYLANE_APPROVAL_SIGNATURES"),
+    )
     processor = AgentProcessor(app, catalog, runtime, sharded=config.shards is not None)
     if config.shards is not None:
         ShardKeys(config.shards, assignment=config.shard_assignment).install(
@@ -84,7 +90,14 @@ def run_effector(
         app_id=f"{settings.app_id}-effector", data_dir=Path(settings.data_dir) / "effector"
     )
     app = build_app(effector_settings, catalog, partitions=catalog[INTENTS].partitions)
-    Effector(app, catalog, default_registry, tool_timeout_s=tool_timeout_s)
+    Effector(
+        app,
+        catalog,
+        default_registry,
+        tool_timeout_s=tool_timeout_s,
+        keyring=settings.keyring(),
+        intent_signatures=parse_mode(settings.intent_signatures, "KEYLANE_INTENT_SIGNATURES"),
+    )
     log.info("keylane effector with tools %s", ", ".join(default_registry.names()))
     return _run(app, effector_settings)
 

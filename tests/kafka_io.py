@@ -8,10 +8,10 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from service.config import Settings
-from service.topic_admin import admin_client
+from service.topic_reader import read_to_end
 
 
 async def consume(
@@ -55,14 +55,6 @@ def kcat_produce(settings: Settings, topic: str, lines: bytes, *, key_delimiter:
     )
 
 
-async def partition_ids(settings: Settings, topic: str) -> list[int]:
-    """The partition numbers of ``topic``, from the broker."""
-    async with admin_client(settings) as client:
-        (described,) = await client.describe_topics([topic])
-    assert described["error_code"] == 0, f"topic {topic} does not exist"
-    return sorted(p["partition"] for p in described["partitions"])
-
-
 @dataclass(frozen=True)
 class Record:
     key: bytes | None
@@ -77,28 +69,10 @@ class Record:
 
 
 async def read_all(settings: Settings, topic: str) -> list[Record]:
-    """Every record on ``topic`` right now (up to the end offsets at the time of the call)."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_list, enable_auto_commit=False, auto_offset_reset="earliest"
-    )
-    await consumer.start()
-    try:
-        partitions = [TopicPartition(topic, p) for p in await partition_ids(settings, topic)]
-        consumer.assign(partitions)
-        ends = await consumer.end_offsets(partitions)
-        for tp in partitions:
-            consumer.seek(tp, 0)
-        records: list[Record] = []
-        async with asyncio.timeout(30):
-            while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
-                batch = await consumer.getmany(timeout_ms=500)
-                for messages in batch.values():
-                    records.extend(
-                        Record(m.key, m.value, dict(m.headers or ()), m.partition, m.offset) for m in messages
-                    )
-        return records
-    finally:
-        await consumer.stop()
+    """Every record on ``topic`` right now (service.topic_reader, the product's own reader)."""
+    return [
+        Record(r.key, r.value, r.headers, r.partition, r.offset) for r in await read_to_end(settings, topic)
+    ]
 
 
 async def wait_for_records(

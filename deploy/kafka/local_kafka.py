@@ -27,6 +27,7 @@ import base64
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -43,6 +44,7 @@ HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
 DEFAULT_STATE_DIR = HERE.parent.parent / ".kafka-local"
 START_TIMEOUT_S = 120.0
+START_ATTEMPTS = 3
 # Brokers this process started, kept referenced until stopped: a Popen that is garbage
 # collected while its process runs raises ResourceWarning (an error under pytest -W error).
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
@@ -51,6 +53,10 @@ STOP_TIMEOUT_S = 30.0
 
 class LauncherError(Exception):
     """Something an operator must fix; the message says what."""
+
+
+class PortTaken(LauncherError):
+    """A node could not bind its port: something else took it after the probe."""
 
 
 @dataclass(frozen=True)
@@ -118,13 +124,16 @@ def java() -> str:
     return found
 
 
-def free_port_pair() -> int:
-    """An even-aligned base port whose next 2N ports were free a moment ago."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1] & ~1
-        if base + 64 < 65535 and all(_port_free(base + k) for k in range(12)):
+# Below Linux's default ephemeral range (32768-60999): a port the kernel hands to outgoing
+# connections can be taken between our probe and the broker's bind.
+PORT_RANGE = (20000, 32000)
+
+
+def free_port_pair(nodes: int = 1) -> int:
+    """An even base port whose next 2N ports were free a moment ago, outside the ephemeral range."""
+    for _ in range(200):
+        base = secrets.randbelow((PORT_RANGE[1] - PORT_RANGE[0]) // 2) * 2 + PORT_RANGE[0]
+        if all(_port_free(base + k) for k in range(2 * nodes)):
             return base
     raise LauncherError("no free port range found on 127.0.0.1; pass --port")
 
@@ -297,11 +306,22 @@ def start(state_dir: Path, nodes: int = 1, port: int = 0, quiet: bool = False) -
         if port == 0 and len(previous.nodes) == nodes:
             port = previous.nodes[0].port  # keep the address a user may have noted
     libs = ensure_jars()
-    base = port or free_port_pair()
+    attempts = 1 if port else START_ATTEMPTS  # ports we chose ourselves may be chosen again
+    for attempt in range(attempts):
+        try:
+            return _start_once(state_dir, libs, nodes, port or free_port_pair(nodes), quiet)
+        except PortTaken:
+            if attempt == attempts - 1:
+                raise
+            stop(state_dir, quiet=True)
+    raise LauncherError("no attempt to start kafka was made")
+
+
+def _start_once(state_dir: Path, libs: Path, nodes: int, base: int, quiet: bool) -> Cluster:
     planned = plan_nodes(state_dir, nodes, base)
     busy = [p for n in planned for p in (n.port, n.controller_port) if not _port_free(p)]
     if busy:
-        raise LauncherError(f"ports {busy} on 127.0.0.1 are in use; pass another --port")
+        raise PortTaken(f"ports {busy} on 127.0.0.1 are in use; pass another --port")
 
     cluster_id_file = state_dir / "cluster-id"
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -316,6 +336,7 @@ def start(state_dir: Path, nodes: int = 1, port: int = 0, quiet: bool = False) -
             node_dir.mkdir(parents=True, exist_ok=True)
             props = node_dir / "server.properties"
             props.write_text(server_properties(node, planned))
+            (node_dir / "server.log").unlink(missing_ok=True)  # this start's log only
             (node_dir / "log4j.properties").write_text(LOG4J.format(log=node_dir / "server.log"))
             fmt = subprocess.run(
                 _java_cmd(
@@ -387,7 +408,12 @@ def _wait_ready(cluster: Cluster) -> None:
         dead = [n for n in cluster.nodes if not _alive(n.pid)]
         if dead:
             log = Path(dead[0].data_dir) / "server.log"
-            hint = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+            text = log.read_text(errors="replace") if log.exists() else ""
+            if "Address already in use" in text:
+                raise PortTaken(
+                    f"kafka node {dead[0].node_id}: port {dead[0].port} was taken during start-up"
+                )
+            hint = text.strip().splitlines()[-3:]
             raise LauncherError(f"kafka node {dead[0].node_id} exited during start-up: {' | '.join(hint)}")
         try:
             if all(set(metadata_brokers("127.0.0.1", n.port)) >= want for n in cluster.nodes):

@@ -2,7 +2,9 @@
 
 Per intent, in order (partitions run in parallel, one intent at a time per partition):
 
-1. decode it; a bad record becomes ``malformed_record`` on agent.errors;
+1. decode it; a bad record becomes ``malformed_record`` on agent.errors; under
+   ``KEYLANE_INTENT_SIGNATURES=require`` an unsigned or badly signed intent becomes
+   ``unsigned_intent`` and its tool never runs;
 2. refuse it when expired (``expires_at_ms`` at or before now): publish status EXPIRED
    without touching the dedup store;
 3. claim it (see claims.py): Done republishes the stored result, InFlight waits for the
@@ -30,6 +32,7 @@ from service.runtime.activation import Clock, wall_clock_ms
 from service.runtime.faust_glue import event_context
 from service.runtime.lanes import PartitionLanes
 from service.runtime.processor import Publisher, raw_topic
+from service.signing import Keyring, Mode
 from service.tools import ToolRegistry
 from service.wire import MalformedRecord, ToolIntent, ToolResult, decode, encode
 
@@ -50,7 +53,11 @@ class Effector:
         *,
         tool_timeout_s: float = 60.0,
         clock: Clock = wall_clock_ms,
+        keyring: Keyring | None = None,
+        intent_signatures: Mode = "off",
     ) -> None:
+        self.keyring = keyring or Keyring({})
+        self.intent_signatures = intent_signatures
         self.app = app
         self.catalog = catalog
         self.registry = registry
@@ -102,6 +109,18 @@ class Effector:
                 error_emit(record, "malformed_record", exc.detail, now_ms=self.clock())
             )
             return
+        if self.intent_signatures != "off":
+            verdict = self.keyring.verify(intent)
+            if verdict != "ok":
+                metrics.UNSIGNED.labels("intent").inc()
+                if self.intent_signatures == "require":
+                    detail = f"{verdict}: intent {intent.intent_id} for tool {intent.tool!r} not executed"
+                    emit = error_emit(
+                        record, "unsigned_intent", detail, now_ms=self.clock(), intent_id=intent.intent_id
+                    )
+                    await self.publisher.publish(emit)
+                    return
+                log.warning("intent %s is %s; executed (permissive mode)", intent.intent_id, verdict)
         if intent.expires_at_ms <= self.clock():
             await self._publish(intent, result_of(intent, "EXPIRED", error="intent expired before execution"))
             return

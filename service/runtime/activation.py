@@ -28,13 +28,14 @@ from typing import Literal
 from msgspec.structs import replace as struct_replace
 
 from service import metrics
-from service.catalog import APPROVAL_REQUESTS, EVENTS, EVENTS_SHARDED, INTENTS, OUTPUT, RESULTS
+from service.catalog import APPROVAL_REQUESTS, EVENTS, EVENTS_SHARDED, INTENTS, OUTPUT, RESULTS, TIMERS
 from service.llm.replay_cache import ReplayCache
 from service.llm.types import Provider
 from service.records import Emit, InputRecord, error_emit
 from service.runtime import ids
 from service.runtime.api import AgentConfig, AgentFn, Complete, Suspend
 from service.runtime.context import ActivationContext
+from service.runtime.hitl import Deny, Escalate, FallbackContext, TimeoutDecision
 from service.runtime.memory import Memory
 from service.runtime.state import (
     BufferedEvent,
@@ -44,11 +45,14 @@ from service.runtime.state import (
     OutboxRecord,
     PendingIntent,
 )
+from service.runtime.timers import TTL, arm
+from service.signing import Keyring, Mode
 from service.wire import (
     AgentEnvelope,
     Approval,
     ApprovalRequest,
     MalformedRecord,
+    TimerFired,
     ToolResult,
     decode,
     decode_key,
@@ -98,8 +102,12 @@ class KeyRuntime:
         *,
         provider: Provider | None = None,
         clock: Clock = wall_clock_ms,
+        keyring: Keyring | None = None,
+        approval_signatures: Mode = "off",
     ) -> None:
         self.agent = agent
+        self.keyring = keyring or Keyring({})
+        self.approval_signatures = approval_signatures
         self.config = config
         self.provider = (
             provider
@@ -138,6 +146,8 @@ class KeyRuntime:
             ]
             return Decision(None, [_emit_of(e) for e in again])
 
+        if isinstance(parsed, TimerFired):
+            return await self._on_timer(record, parsed, state, key)
         if isinstance(parsed, AgentEnvelope):
             if state.continuation is not None:
                 metrics.EVENTS_BUFFERED.inc()
@@ -156,6 +166,16 @@ class KeyRuntime:
                 return Decision(None, [self._error(record, exc.reason, exc.detail, entity_key=key_text)])
             return Decision(self._advance(committed.state, record, committed.emits), committed.emits)
 
+        if isinstance(parsed, Approval) and self.approval_signatures != "off":
+            verdict = self.keyring.verify(parsed)
+            if verdict != "ok":
+                metrics.UNSIGNED.labels("approval").inc()
+                if self.approval_signatures == "require":
+                    detail = f"{verdict}: approval for {parsed.intent_id} refused"
+                    return Decision(
+                        None, [self._error(record, "unsigned_approval", detail, entity_key=key_text)]
+                    )
+                log.warning("approval %s is %s; accepted (permissive mode)", parsed.intent_id, verdict)
         orphan = self._admission(state, parsed)
         if orphan is not None:
             return Decision(None, [self._orphan(record, orphan, parsed.intent_id, key_text)])
@@ -170,7 +190,16 @@ class KeyRuntime:
             emits.extend(drained)
         return Decision(self._advance(next_state, record, emits), emits)
 
-    def _parse(self, record: InputRecord, key_text: str) -> AgentEnvelope | ToolResult | Approval:
+    def _parse(
+        self, record: InputRecord, key_text: str
+    ) -> AgentEnvelope | ToolResult | Approval | TimerFired:
+        if record.topic == TIMERS:
+            fired = decode(record.value, TimerFired)
+            if fired.entity_key != key_text:
+                raise MalformedRecord(
+                    f"entity_key {fired.entity_key!r} differs from the record key {key_text!r}"
+                )
+            return fired
         if record.topic in (EVENTS, EVENTS_SHARDED):
             envelope = decode(record.value, AgentEnvelope)
             envelope.payload_bytes()  # a bad payload_b64 is a malformed record, not an agent error
@@ -275,7 +304,8 @@ class KeyRuntime:
             )
         continuation: Continuation | None = None
         emits: list[Emit] = [
-            Emit(record_id=i.intent_id, topic=INTENTS, key=key, value=encode(i)) for i in ctx.intents
+            Emit(record_id=i.intent_id, topic=INTENTS, key=key, value=encode(self.keyring.sign(i)))
+            for i in ctx.intents
         ]
         if isinstance(outcome, Suspend):
             wait_ms = outcome.timeout_ms or self.config.hitl_policy.timeout_ms
@@ -326,6 +356,93 @@ class KeyRuntime:
         )
         return _Committed(next_state, emits)
 
+    async def _on_timer(
+        self, record: InputRecord, fired: TimerFired, state: KeyState, key: bytes
+    ) -> Decision:
+        """A timer fire: stale or early fires change nothing; a due TTL collects the key's
+        state; a due HITL timer runs the fail-closed policy (see service/runtime/hitl.py)."""
+        armed = state.timers.get(fired.kind)
+        now = self.clock()
+        if armed is None or armed.token != fired.token or now < armed.deadline_ms:
+            metrics.TIMERS_IGNORED.inc()
+            return Decision(None, [])
+        metrics.TIMERS_FIRED.labels(fired.kind).inc()
+        key_text = key.decode()
+        if fired.kind == TTL:
+            # Collect everything but what keeps ids unique and redeliveries recognisable: a
+            # key that came back at seq 0 would re-mint its old intent and output ids.
+            emits = []
+            if state.continuation is not None:
+                detail = (
+                    f"state collected after {self.config.ttl_ms} ms idle "
+                    f"while suspended at seq {state.continuation.seq}"
+                )
+                emits.append(self._error(record, "ttl_wiped_suspension", detail, entity_key=key_text))
+                for queued in state.buffered:
+                    origin = _queued_record(queued, key)
+                    detail = "queued behind a suspension that TTL collected; the event was not run"
+                    emits.append(self._error(origin, "ttl_wiped_suspension", detail, entity_key=key_text))
+            tombstone = KeyState(seq=state.seq, applied={**state.applied, record.topic: record.offset})
+            return Decision(tombstone, emits)
+        cont = state.continuation
+        if cont is None or now < cont.deadline_ms:
+            return Decision(None, [])
+        policy = self.config.hitl_policy
+        context = FallbackContext(
+            entity_key=key,
+            seq=cont.seq,
+            pending_intent_ids=tuple(cont.pending_intent_ids),
+            escalations=cont.escalations,
+            snapshot=cont.snapshot,
+            deadline_ms=cont.deadline_ms,
+        )
+        try:
+            decision: TimeoutDecision | Exception = policy.decide(context)
+        except Exception as exc:  # noqa: BLE001 - a failing policy fails closed, the worker goes on
+            decision = exc
+        if isinstance(decision, Escalate):
+            intent_id = ids.intent_id(key, cont.seq, cont.step_index)
+            deadline_ms = now + decision.timeout_ms
+            request = ApprovalRequest(
+                intent_id=intent_id,
+                entity_key=key_text,
+                channel=decision.tool_name,
+                args_json=decision.args_json,
+                created_at_ms=now,
+                expires_at_ms=deadline_ms,
+                deadline_ms=deadline_ms,
+            )
+            pending = {
+                **state.pending,
+                intent_id: PendingIntent(
+                    intent_id=intent_id, tool=decision.tool_name, kind="approval", expires_at_ms=deadline_ms
+                ),
+            }
+            escalated = struct_replace(
+                cont,
+                step_index=cont.step_index + 1,
+                pending_intent_ids=[*cont.pending_intent_ids, intent_id],
+                deadline_ms=deadline_ms,
+                escalations=cont.escalations + 1,
+            )
+            emits = [Emit(record_id=intent_id, topic=APPROVAL_REQUESTS, key=key, value=encode(request))]
+            next_state = struct_replace(state, continuation=escalated, pending=pending)
+            return Decision(self._advance(next_state, record, emits), emits)
+        if isinstance(decision, Deny):
+            emits = [
+                Emit(record_id=ids.output_id(key, cont.seq), topic=OUTPUT, key=key, value=decision.output)
+            ]
+        else:
+            detail = (
+                f"policy raised {decision!r}" if isinstance(decision, Exception) else "dropped by policy"
+            ) + f"; deadline {cont.deadline_ms}, pending {cont.pending_intent_ids}"
+            emits = [self._error(record, "hitl_timeout", detail, entity_key=key_text)]
+        next_state = struct_replace(state, continuation=None, pending={})
+        if next_state.buffered:
+            next_state, drained = await self._drain_buffered(next_state, key)
+            emits.extend(drained)
+        return Decision(self._advance(next_state, record, emits), emits)
+
     async def _drain_buffered(self, state: KeyState, key: bytes) -> tuple[KeyState, list[Emit]]:
         """Run the events queued behind a suspension that just ended, in arrival order.
 
@@ -336,14 +453,7 @@ class KeyRuntime:
         while state.buffered and state.continuation is None:
             head, rest = state.buffered[0], state.buffered[1:]
             state = struct_replace(state, buffered=rest)
-            origin = InputRecord(
-                topic=head.origin_topic,
-                broker_topic=head.origin_broker_topic,
-                partition=head.origin_partition,
-                offset=head.origin_offset,
-                key=key,
-                value=head.value,
-            )
+            origin = _queued_record(head, key)
             try:
                 committed = await self._activate(state, key, event=head.payload, record=origin)
             except ActivationFailed as exc:
@@ -381,12 +491,13 @@ class KeyRuntime:
             )
             for e in emits
         ]
-        return struct_replace(
+        advanced = struct_replace(
             state,
             applied={**state.applied, record.topic: record.offset},
             outbox=outbox,
             buffered=[*state.buffered, *extra_buffered],
         )
+        return arm(advanced, ttl_ms=self.config.ttl_ms, now_ms=self.clock())
 
     def _settled(self, entry: OutboxRecord, record: InputRecord) -> bool:
         if entry.record_id in self._delivered:
@@ -414,6 +525,18 @@ class KeyRuntime:
 
 
 _MAX_TRACKED = 100_000
+
+
+def _queued_record(queued: BufferedEvent, key: bytes) -> InputRecord:
+    """The input record a queued event came from, for its activation or its error record."""
+    return InputRecord(
+        topic=queued.origin_topic,
+        broker_topic=queued.origin_broker_topic,
+        partition=queued.origin_partition,
+        offset=queued.origin_offset,
+        key=key,
+        value=queued.value,
+    )
 
 
 def _emit_of(record: OutboxRecord) -> Emit:

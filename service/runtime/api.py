@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from service.keys import Assignment
 from service.llm.types import Provider
+from service.runtime.hitl import HitlPolicy
 from service.tools import ToolRegistry, default_registry
 
 if TYPE_CHECKING:
@@ -38,33 +39,18 @@ class Suspend:
     snapshot: bytes = b""
     timeout_ms: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.timeout_ms is not None and (
+            not isinstance(self.timeout_ms, int) or isinstance(self.timeout_ms, bool) or self.timeout_ms <= 0
+        ):
+            raise ValueError(
+                f"Suspend.timeout_ms must be None or a positive number of ms, got {self.timeout_ms!r}"
+            )
+
 
 AgentFn = Callable[["ActivationContext"], Awaitable[Complete | Suspend]]
 ProviderFactory = Callable[[], Provider]
 EventsWhileSuspended = Literal["queue"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class HitlPolicy:
-    """How long suspensions and intents live. Validated on construction.
-
-    ``timeout_ms``: default wait of a Suspend (24 h). ``intent_ttl_ms``: default lifetime of
-    an intent before the effector refuses it as EXPIRED (1 h).
-    """
-
-    timeout_ms: int = 24 * HOUR_MS
-    intent_ttl_ms: int = HOUR_MS
-    approval_channel: str = "approval"
-
-    def __post_init__(self) -> None:
-        for name in ("timeout_ms", "intent_ttl_ms"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(
-                    f"HitlPolicy.{name} must be a positive number of milliseconds, got {value!r}"
-                )
-        if not self.approval_channel:
-            raise ValueError("HitlPolicy.approval_channel must be a non-empty string")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +59,9 @@ class AgentConfig:
 
     * ``provider_factory``: builds the model provider once per worker (None: the agent
       must not call models);
+    * ``hitl_policy``: suspension and intent lifetimes, and the fail-closed timeout policy;
+    * ``ttl_ms``: a key idle this long has its state garbage-collected (re-armed by every
+      input; a suspended key's TTL counts from its deadline);
     * ``activation_timeout_s``: an activation running longer is cancelled and changes
       nothing (activation_timeout on agent.errors);
     * ``shards``: fan each logical key out over N physical keys through ShardKeys (only
@@ -85,6 +74,7 @@ class AgentConfig:
 
     provider_factory: ProviderFactory | None = None
     hitl_policy: HitlPolicy = field(default_factory=HitlPolicy)
+    ttl_ms: int = HOUR_MS
     activation_timeout_s: float = 30.0
     shards: int | None = None
     shard_assignment: Assignment = "hash"
@@ -92,6 +82,10 @@ class AgentConfig:
     tools: ToolRegistry = field(default_factory=lambda: default_registry)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.hitl_policy, HitlPolicy):
+            raise ValueError("AgentConfig.hitl_policy must be a HitlPolicy")
+        if self.ttl_ms <= 0:
+            raise ValueError(f"AgentConfig.ttl_ms must be positive, got {self.ttl_ms}")
         if self.activation_timeout_s <= 0:
             raise ValueError(f"AgentConfig.activation_timeout_s must be > 0, got {self.activation_timeout_s}")
         if self.shards is not None and self.shards < 1:

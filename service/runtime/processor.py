@@ -11,6 +11,10 @@ Per input record, in order (the job a lane runs):
    ``keylane.id`` header;
 5. the record is acked. Faust flushes the producer before it commits offsets, so the
    changelog record and the emits are durable before the input's offset is committed.
+
+Every second a scan sends the due timers of this worker's keys to agent.timers (see
+service/runtime/timers.py); the index behind it is rebuilt from the table after each
+rebalance, in one synchronous pass, so no lane commit can interleave with it.
 """
 
 from __future__ import annotations
@@ -21,16 +25,29 @@ from typing import Any
 import faust
 
 from service import metrics
-from service.catalog import APPROVALS, ERRORS, EVENTS, EVENTS_SHARDED, INTENTS, OUTPUT, RESULTS, Catalog
+from service.catalog import (
+    APPROVALS,
+    ERRORS,
+    EVENTS,
+    EVENTS_SHARDED,
+    INTENTS,
+    OUTPUT,
+    RESULTS,
+    TIMERS,
+    Catalog,
+)
 from service.records import Emit, InputRecord
 from service.runtime.activation import KeyRuntime
 from service.runtime.faust_glue import event_context, expected_partition
 from service.runtime.lanes import LaneScheduler, PartitionLanes
 from service.runtime.state import KeyState, decode_state, encode_state
+from service.runtime.timers import TimerIndex
+from service.wire import TimerFired, encode
 
 log = logging.getLogger(__name__)
 
 STATE_TABLE = "keylane-state"
+TIMER_SCAN_INTERVAL_S = 1.0
 ID_HEADER = "keylane.id"
 REROUTED_HEADER = "keylane.rerouted-from"
 _RAW: dict[str, Any] = {
@@ -105,7 +122,7 @@ class AgentProcessor:
         self.lanes: LaneScheduler = lanes or PartitionLanes()
         self.partitions = catalog[EVENTS].partitions
         events = EVENTS_SHARDED if sharded else EVENTS
-        self.logical_by_name = {catalog.name(t): t for t in (events, RESULTS, APPROVALS)}
+        self.logical_by_name = {catalog.name(t): t for t in (events, RESULTS, APPROVALS, TIMERS)}
         self.inputs = app.topic(*self.logical_by_name, **_RAW)
         self._reroute_topics = {name: raw_topic(app, name) for name in self.logical_by_name}
         # key_type/value_type bytes make Faust use the raw codec for both.
@@ -114,6 +131,11 @@ class AgentProcessor:
         )
         self.publisher = Publisher(app, catalog, runtime)
         app.agent(self.inputs, name="keylane.run-agent")(self._consume)
+        self.timers = TimerIndex()
+        self._timers_topic = raw_topic(app, catalog.name(TIMERS))
+        self._rebuild_timers = True
+        app.on_rebalance_complete.connect(self._on_rebalance_complete)  # type: ignore[arg-type]  # see below
+        app.timer(TIMER_SCAN_INTERVAL_S, name="keylane.timer-scan")(self.scan_timers)
         # Faust waits for every unacked record (our queued jobs) before this signal fires.
         app.on_before_shutdown.connect(self._stop_lanes)  # type: ignore[arg-type]  # mode types receivers as positional-only
 
@@ -149,11 +171,37 @@ class AgentProcessor:
         if decision.new_state is not None:
             assert key is not None
             self.table[key] = encode_state(decision.new_state)
+            self.timers.update(key, decision.new_state)
         for emit in decision.emits:
             await self.publisher.publish(emit)
 
     async def _stop_lanes(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         await self.lanes.stop()
+
+    async def _on_rebalance_complete(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        self._rebuild_timers = True
+
+    async def scan_timers(self) -> None:
+        """Send a TimerFired for every due timer of this worker's keys into the key's partition."""
+        if self._rebuild_timers:
+            if not self.app.tables.recovery.completed.is_set():  # type: ignore[attr-defined]  # TableManager, not its Protocol
+                return
+            self._rebuild_timers = False
+            self.timers.rebuild((key, decode_state(blob)) for key, blob in self.table.items())
+            log.info("timer index rebuilt: %s keys with timers", len(self.timers))
+        for key, kind, timer in self.timers.due(self.runtime.clock()):
+            fired = TimerFired(
+                entity_key=key.decode(), kind=kind, token=timer.token, deadline_ms=timer.deadline_ms
+            )
+            try:
+                await self._timers_topic.send(
+                    key=key, value=encode(fired), partition=expected_partition(key, self.partitions)
+                )
+            except Exception:
+                log.warning("could not send timer %s for %r; retrying", kind, key, exc_info=True)
+                self.timers.resend(key, kind, timer)
+                continue
+            metrics.TIMERS_SENT.labels(kind).inc()
 
     def _state_of(self, key: bytes) -> KeyState:
         return decode_state(self.table.get(key))

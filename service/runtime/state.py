@@ -10,7 +10,9 @@ Next to the five cells the record keeps what redelivery safety needs:
   recognised and not run again under a new seq;
 * ``outbox``: the records a committed activation staged (outputs, intents, errors), until
   their delivery is confirmed; a redelivered input re-publishes its own entries;
-* ``buffered``: events that arrived while the key was suspended, run after the suspension.
+* ``buffered``: events that arrived while the key was suspended, run after the suspension;
+* ``timers``: the key's armed HITL and TTL timers (deadline and token), so a timer lives and
+  moves with the key's partition.
 
 Encoding: msgpack with field names (msgspec), never pickle. ``state_schema_version`` is on
 every blob; a blob from a newer version is refused (StateFromTheFuture) rather than guessed.
@@ -24,6 +26,7 @@ from typing import Any, Literal
 import msgspec
 
 from service.errors import KeylaneError
+from service.wire import TimerKind
 
 STATE_SCHEMA_VERSION = 1
 
@@ -111,6 +114,13 @@ class BufferedEvent(msgspec.Struct, kw_only=True):
     origin_offset: int
 
 
+class ArmedTimer(msgspec.Struct, kw_only=True):
+    """A durable per-key timer: fire at ``deadline_ms``; a fire carrying another token is stale."""
+
+    deadline_ms: int
+    token: str
+
+
 class KeyState(msgspec.Struct, kw_only=True):
     """Everything keylane keeps for one physical key, committed as one record."""
 
@@ -123,6 +133,7 @@ class KeyState(msgspec.Struct, kw_only=True):
     applied: dict[str, int] = msgspec.field(default_factory=dict)
     outbox: list[OutboxRecord] = msgspec.field(default_factory=list)
     buffered: list[BufferedEvent] = msgspec.field(default_factory=list)
+    timers: dict[TimerKind, ArmedTimer] = msgspec.field(default_factory=dict)
 
 
 class _VersionProbe(msgspec.Struct):

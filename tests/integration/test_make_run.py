@@ -19,12 +19,13 @@ from tests.broker import REPO
 pytestmark = pytest.mark.kafka
 
 
-def wait_for_text(path: Path, text: str, timeout_s: float) -> str:
+def wait_for_text(path: Path, text: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         content = path.read_text(errors="replace")
         if text in content:
             return content
+        assert proc.poll() is None, f"make run exited with {proc.returncode}:\n{content[-3000:]}"
         time.sleep(0.2)
     raise AssertionError(f"{text!r} did not appear within {timeout_s}s:\n{path.read_text()[-3000:]}")
 
@@ -61,7 +62,7 @@ def test_run_local_serves_the_example_and_ctrl_c_stops_everything(tmp_path: Path
             cwd=REPO,
         )
     try:
-        shown = wait_for_text(log_path, "keylane is running", 120)
+        shown = wait_for_text(log_path, "keylane is running", 100, proc)
         broker_pids = [n["pid"] for n in json.loads((state / "cluster.json").read_text())["nodes"]]
         assert "9 created" in shown
 

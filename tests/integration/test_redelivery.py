@@ -13,9 +13,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from service.catalog import ERRORS, EVENTS, INTENTS, OUTPUT, RESULTS, Catalog
 from service.config import Settings
+from service.topic_reader import partition_ids
 from service.wire import AgentEnvelope, ErrorRecord, decode, encode
 from tests.integration.test_worker import free_port, http_get
-from tests.kafka_io import Record, partition_ids, produce, read_all, wait_for_records
+from tests.kafka_io import Record, produce, read_all, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
 
 pytestmark = pytest.mark.kafka

@@ -17,6 +17,9 @@ SUBCOMMANDS = [
     ["topics", "list"],
     ["worker"],
     ["effector"],
+    ["approve"],
+    ["approvals"],
+    ["approvals", "list"],
 ]
 
 
