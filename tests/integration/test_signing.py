@@ -3,7 +3,6 @@ approval never resumes; what keylane itself signed goes through."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from pathlib import Path

@@ -1,0 +1,78 @@
+"""The benchmark harness at smoke size: every named benchmark is in the report with sane
+fields. No timing is asserted — benchmarks measure, `make bench-gate` judges."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import names
+from bench.gate import evaluate
+from bench.harness import load_results
+from tests.broker import REPO
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.mark.timeout(600)
+def test_smoke_run_reports_every_benchmark(kafka_bootstrap: str, tmp_path: Path) -> None:
+    out, report = tmp_path / "out", tmp_path / "bench-report.md"
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--size", "smoke", "--out", str(out), "--report", str(report)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "[bench" in run.stderr, "long runs show progress"
+
+    size, results = load_results(out / "results.json")
+    assert size == "smoke"
+    assert set(results) >= set(names.EXPECTED)
+    for name in names.EXPECTED:
+        result = results[name]
+        assert result.samples or result.rate is not None, f"{name} measured nothing"
+        if result.rate is not None:
+            assert math.isfinite(result.rate) and result.rate > 0, name
+        if result.samples:
+            summary = result.summary()
+            assert all(math.isfinite(v) for v in result.samples), name
+            assert summary["p50"] <= summary["p99"], name
+    for n in names.FANOUT_SHARDS:
+        extra = results[names.HOT_KEY_FANOUT[n]].extra
+        assert sum(extra["spread"].values()) > 0 and len(extra["spread"]) <= n
+        assert set(extra["partitions"]) == set(extra["spread"]) or set(extra["spread"]) <= set(
+            extra["partitions"]
+        )
+    assert results[names.PER_KEY_CEILING].extra["bound_rate"] > 0
+    assert results[names.E2E_NOOP].samples, "e2e latency samples"
+
+    text = report.read_text()
+    for name in names.EXPECTED:
+        assert f"| {name} |" in text, f"{name} missing from the report's summary table"
+    for section in ("## Targets", "## Gate", "## Throughput-math inputs (seed 000)", "## Hot-key fan-out"):
+        assert section in text
+    for plot in ("overhead_tiers.png", "fanout_scaling.png", "state_commit.png"):
+        assert (out / plot).stat().st_size > 1000 and plot in text
+    gate = evaluate(results)
+    assert any(not c.passed for c in gate if "samples" in c.name), (
+        "a smoke run cannot pass the 1,000-sample gate"
+    )
+    gate_run = subprocess.run(
+        [sys.executable, "-m", "bench.gate", str(out / "results.json")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert gate_run.returncode == 1 and "FAIL  overhead_50ms has >= 1000 samples" in gate_run.stdout
+    assert json.loads((out / "results.json").read_text())["results"][names.OVERHEAD[50]]["unit"] == "ms"
