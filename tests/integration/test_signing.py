@@ -3,6 +3,7 @@ approval never resumes; what keylane itself signed goes through."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -93,7 +94,8 @@ async def test_under_require_only_signed_approvals_resume(
         )
         kcat_produce(settings, catalog.name(APPROVALS), b"acct-9|" + encode(unsigned) + b"\n")
         await wait_for_records(settings, catalog.name(ERRORS), lambda rs: len(rs) >= 1, timeout_s=60)
-        approve = subprocess.run(
+        approve = await asyncio.to_thread(
+            subprocess.run,
             [
                 sys.executable,
                 "-m",
