@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 BROKER := $(PY) deploy/kafka/local_kafka.py
 PYTEST_ARGS ?=
 
-.PHONY: help install system-deps lint test run broker broker-stop cluster clean
+.PHONY: help install system-deps lint test run broker broker-stop clean bench bench-quick bench-gate
 
 help:
 	@echo "make run          install, start a local Kafka, apply topics, run a worker (Ctrl-C stops all)"
@@ -17,11 +17,14 @@ help:
 	@echo "make broker       start a local single-node Kafka 3.9 (NODES=3 for a cluster) and print its address"
 	@echo "make broker-stop  stop the local Kafka started by 'make broker'"
 	@echo "make lint         ruff and mypy --strict"
+	@echo "make bench        every benchmark (about 10 min); writes bench-report.md"
+	@echo "make bench-quick  a one-minute smoke run of the same harness"
+	@echo "make bench-gate   fail if the last run misses the seed's budget or the fan-out ratio"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,dev,bench]'
 	@touch $@
 
 system-deps:
@@ -38,6 +41,15 @@ lint: install
 # pytest exits 5 when it collected nothing; make treats that like any other failure.
 test: lint
 	$(PY) -m pytest -v $(PYTEST_ARGS)
+
+bench: install
+	$(PY) -m bench.run --size full
+
+bench-quick: install
+	$(PY) -m bench.run --size quick
+
+bench-gate: install
+	$(PY) -m bench.gate bench/out/results.json
 
 run: install
 	$(PY) deploy/run_local.py

@@ -1,0 +1,39 @@
+"""The agents the broker benchmarks run in `keylane worker` processes (bench/broker.py).
+
+* ``noop``: completes with its event, so an e2e run measures keylane and the bus only;
+* ``model_call``: one FakeLLM call of ``LLM_LATENCY_MS`` (an asyncio sleep, like a network
+  wait), then completes with the event and the verdict. It keeps nothing per key, the
+  precondition for sharding it (docs/sharding.md).
+
+Configs: ``noop_config`` (no provider), ``config`` (the FakeLLM provider, unsharded) and
+``sharded`` (the same provider behind ShardKeys(N), N read from BENCH_SHARDS when the
+worker imports this module).
+"""
+
+from __future__ import annotations
+
+import os
+
+from service import ActivationContext, AgentConfig, Complete, FakeLLM, LlmRequest, match_any, respond_with
+
+LLM_LATENCY_MS = 50.0
+SHARDS_ENV = "BENCH_SHARDS"
+VERDICT = b"scored"
+
+
+def make_provider() -> FakeLLM:
+    return FakeLLM([(match_any(), respond_with(VERDICT, latency_ms=LLM_LATENCY_MS))])
+
+
+async def noop(ctx: ActivationContext) -> Complete:
+    return Complete(output=ctx.event)
+
+
+async def model_call(ctx: ActivationContext) -> Complete:
+    response = await ctx.call_model(LlmRequest(model_id="bench-fake", messages=[ctx.event.decode()]))
+    return Complete(output=ctx.event + b"|" + response.response)
+
+
+noop_config = AgentConfig()
+config = AgentConfig(provider_factory=make_provider)
+sharded = AgentConfig(provider_factory=make_provider, shards=int(os.environ.get(SHARDS_ENV, "1")))

@@ -1,0 +1,103 @@
+"""What every benchmark produces: a named Result with samples or a rate, saved as JSON.
+
+Benchmarks are not tests. They measure; bench/gate.py judges ratios measured in one run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Size = Literal["smoke", "quick", "full"]
+
+
+@dataclass
+class Result:
+    """One benchmark's outcome.
+
+    ``samples`` are per-operation measurements in ``unit`` (ms for latencies); ``rate`` is a
+    throughput in operations per second; ``extra`` holds benchmark-specific figures (ratios,
+    spreads, bounds), all JSON-serialisable.
+    """
+
+    name: str
+    unit: str
+    samples: list[float] = field(default_factory=list)
+    rate: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """median, p50, p99, n (of samples) and rate, as the report's tables show them."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "unit": self.unit,
+            "n": len(self.samples),
+            "rate": self.rate,
+        }
+        if self.samples:
+            ordered = sorted(self.samples)
+            out.update(
+                median=statistics.median(ordered),
+                p50=percentile(ordered, 50),
+                p99=percentile(ordered, 99),
+                mean=statistics.fmean(ordered),
+            )
+        return out
+
+
+def percentile(ordered: list[float], pct: float) -> float:
+    """Nearest-rank percentile of already sorted samples."""
+    if not ordered:
+        raise ValueError("no samples")
+    rank = max(1, min(len(ordered), round(pct / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+class Recorder:
+    """Collects Results and writes them to ``<out>/results.json`` as they arrive."""
+
+    def __init__(self, out_dir: Path, *, size: Size) -> None:
+        self.out_dir = out_dir
+        self.size = size
+        self.results: dict[str, Result] = {}
+        self.started = time.monotonic()
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    def add(self, result: Result) -> Result:
+        self.results[result.name] = result
+        self.save()
+        summary = result.summary()
+        shown = ", ".join(
+            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in summary.items()
+            if k in ("n", "rate", "p50", "p99") and v is not None
+        )
+        progress(f"done {result.name}: {shown}")
+        return result
+
+    def save(self) -> float:
+        """Write results.json; returns the seconds since the run started."""
+        elapsed = time.monotonic() - self.started
+        payload = {
+            "size": self.size,
+            "elapsed_s": elapsed,
+            "results": {name: asdict(r) for name, r in self.results.items()},
+        }
+        (self.out_dir / "results.json").write_text(json.dumps(payload, indent=1))
+        return elapsed
+
+
+def load_results(path: Path) -> tuple[str, dict[str, Result]]:
+    """(size, results by name) from a results.json."""
+    raw = json.loads(path.read_text())
+    return raw["size"], {name: Result(**r) for name, r in raw["results"].items()}
+
+
+def progress(message: str) -> None:
+    """One progress line on stderr, with the time since the run started."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
