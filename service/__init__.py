@@ -22,6 +22,7 @@ from service.runtime.api import AgentConfig, Complete, Suspend
 from service.runtime.context import ActivationContext
 from service.runtime.hitl import Deny, Drop, Escalate, FallbackContext, HitlPolicy
 from service.runtime.memory import Memory, MemoryOverflow
+from service.runtime.ratelimit import RateLimit
 from service.shard_keys import ShardKeys
 from service.tools import SideEffectOutsideIntent, ToolRegistry, tool
 from service.wire import Approval, ToolIntent, ToolResult
@@ -44,6 +45,7 @@ __all__ = [
     "MemoryOverflow",
     "Provider",
     "ProviderError",
+    "RateLimit",
     "ShardKeys",
     "SideEffectOutsideIntent",
     "Suspend",

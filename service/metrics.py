@@ -56,6 +56,11 @@ LLM_MS = Histogram("keylane_llm_ms", "Wall time of one provider call.", buckets=
 MEMORY_BYTES = Histogram(
     "keylane_memory_bytes", "Committed memory size per activation.", buckets=_BYTES_BUCKETS
 )
+RATE_LIMIT_WAIT_MS = Histogram(
+    "keylane_rate_limit_wait_ms",
+    "Time a provider call waited for its key's or the worker's rate limit.",
+    buckets=_MS_BUCKETS,
+)
 TOKENS = Histogram(
     "keylane_tokens", "Tokens per provider call (prompt + completion).", buckets=_TOKEN_BUCKETS
 )

@@ -37,6 +37,7 @@ from service.runtime.api import AgentConfig, AgentFn, Complete, Suspend
 from service.runtime.context import ActivationContext
 from service.runtime.hitl import Deny, Escalate, FallbackContext, TimeoutDecision
 from service.runtime.memory import Memory
+from service.runtime.ratelimit import ProviderLimiter
 from service.runtime.state import (
     BufferedEvent,
     Continuation,
@@ -115,6 +116,7 @@ class KeyRuntime:
             else (config.provider_factory() if config.provider_factory else None)
         )
         self.clock = clock
+        self.limiter = ProviderLimiter(config.rate_limit) if config.rate_limit else None
         self._in_flight: set[str] = set()
         self._delivered: set[str] = set()
 
@@ -262,6 +264,7 @@ class KeyRuntime:
             now_ms=now,
             _step_index=cont.step_index if cont is not None else 0,
             _provider=self.provider,
+            _limiter=self.limiter,
             _cache=ReplayCache(state.llm_cache),
             _tools=self.config.tools,
             _intent_ttl_ms=self.config.hitl_policy.intent_ttl_ms,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal
 from service.keys import Assignment
 from service.llm.types import Provider
 from service.runtime.hitl import HitlPolicy
+from service.runtime.ratelimit import RateLimit
 from service.tools import ToolRegistry, default_registry
 
 if TYPE_CHECKING:
@@ -69,7 +70,8 @@ class AgentConfig:
       deterministic) or "round_robin" (forfeits retry determinism);
     * ``events_while_suspended``: "queue" — events for a suspended key wait, in order, and
       run after the suspension ends;
-    * ``tools``: the registry ``ctx.run_tool`` and ``ctx.act`` consult.
+    * ``tools``: the registry ``ctx.run_tool`` and ``ctx.act`` consult;
+    * ``rate_limit``: provider calls per physical key and per worker (None: unlimited).
     """
 
     provider_factory: ProviderFactory | None = None
@@ -80,6 +82,7 @@ class AgentConfig:
     shard_assignment: Assignment = "hash"
     events_while_suspended: EventsWhileSuspended = "queue"
     tools: ToolRegistry = field(default_factory=lambda: default_registry)
+    rate_limit: RateLimit | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.hitl_policy, HitlPolicy):

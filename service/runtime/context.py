@@ -10,7 +10,6 @@ activation produces the same intent ids in the same order.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +21,7 @@ from service.llm.replay_cache import ReplayCache
 from service.llm.types import LlmRequest, LlmResponse, Provider, cache_key
 from service.runtime import ids
 from service.runtime.memory import Memory
+from service.runtime.ratelimit import ProviderLimiter
 from service.tools import ToolRegistry, UnknownTool
 from service.wire import Approval, ToolIntent, ToolResult
 
@@ -75,7 +75,7 @@ class ActivationContext:
     _tools: ToolRegistry
     _intent_ttl_ms: int
     _approval_channel: str
-    _on_model_call: Callable[[LlmRequest], None] | None = None
+    _limiter: ProviderLimiter | None = None
     intents: list[ToolIntent] = field(default_factory=list)
     approvals: list[StagedApproval] = field(default_factory=list)
     stats: ActivationStats = field(default_factory=ActivationStats)
@@ -101,6 +101,10 @@ class ActivationContext:
         if self._provider is None:
             raise NoProvider("this agent has no provider: pass AgentConfig(provider_factory=...)")
         started = time.perf_counter()
+        if self._limiter is not None:
+            waited = await self._limiter.acquire(self.entity_key)
+            if waited:
+                metrics.RATE_LIMIT_WAIT_MS.observe(waited * 1000)
         try:
             response = await self._provider.complete(request)
         finally:

@@ -34,7 +34,7 @@ def blocks(language: set[str]) -> list[tuple[str, str]]:
 def commands(script: str) -> list[list[str]]:
     result = []
     for line in script.splitlines():
-        line = line.split("#", 1)[0].strip() if not line.lstrip().startswith("#") else ""
+        line = re.split(r"(?:^|\s)#", line, maxsplit=1)[0].strip()  # a comment, not key#2
         for part in filter(None, (p.strip() for p in line.split("|"))):
             words = shlex.split(part)
             while words and ENV_ASSIGNMENT.match(words[0]):

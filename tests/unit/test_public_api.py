@@ -23,6 +23,7 @@ PUBLIC = [
     "MemoryOverflow",
     "Provider",
     "ProviderError",
+    "RateLimit",
     "ShardKeys",
     "SideEffectOutsideIntent",
     "Suspend",
