@@ -5,9 +5,9 @@
   wait), then completes with the event and the verdict. It keeps nothing per key, the
   precondition for sharding it (docs/sharding.md).
 
-Configs: ``noop_config`` (no provider), ``config`` (the FakeLLM provider, unsharded) and
+Configs: ``noop_config`` (no provider), ``config`` (the FakeLLM provider, unsharded),
 ``sharded`` (the same provider behind ShardKeys(N), N read from BENCH_SHARDS when the
-worker imports this module).
+worker imports this module), and ``lanes_key`` / ``lanes_partition`` (the two lane modes).
 """
 
 from __future__ import annotations
@@ -37,3 +37,5 @@ async def model_call(ctx: ActivationContext) -> Complete:
 noop_config = AgentConfig()
 config = AgentConfig(provider_factory=make_provider)
 sharded = AgentConfig(provider_factory=make_provider, shards=int(os.environ.get(SHARDS_ENV, "1")))
+lanes_key = AgentConfig(provider_factory=make_provider, lanes="key")
+lanes_partition = AgentConfig(provider_factory=make_provider, lanes="partition")

@@ -20,6 +20,7 @@ ENCODE = {kib: f"encode_{kib}kib" for kib in STATE_SIZES_KIB}
 E2E_NOOP = "e2e_noop"
 PER_KEY_CEILING = "per_key_ceiling"
 HOT_KEY_FANOUT = {n: f"hot_key_fanout_n{n}" for n in FANOUT_SHARDS}
+LANES = {"key": "lanes_1p_1000keys_key", "partition": "lanes_1p_1000keys_partition"}
 PEER_AIOKAFKA = "peer_aiokafka_loop"
 PEER_FAUST = "peer_faust_table"
 
@@ -32,5 +33,5 @@ RUNTIME = [
     *STATE_COMMIT.values(),
     *ENCODE.values(),
 ]
-BROKER = [E2E_NOOP, PER_KEY_CEILING, *HOT_KEY_FANOUT.values(), PEER_AIOKAFKA, PEER_FAUST]
+BROKER = [E2E_NOOP, PER_KEY_CEILING, *HOT_KEY_FANOUT.values(), *LANES.values(), PEER_AIOKAFKA, PEER_FAUST]
 EXPECTED = RUNTIME + BROKER

@@ -75,6 +75,9 @@ def targets_table(results: dict[str, Result]) -> list[str]:
     e2e_vs_faust = _ratio(_rate(results, names.E2E_NOOP), _rate(results, names.PEER_FAUST))
     fan8 = _ratio(_rate(results, names.HOT_KEY_FANOUT[8]), _rate(results, names.HOT_KEY_FANOUT[1]))
     state = _ratio(_p(results, names.STATE_COMMIT[100], "p50"), _p(results, names.STATE_COMMIT[1], "p50"))
+    fan4 = _ratio(_rate(results, names.HOT_KEY_FANOUT[4]), _rate(results, names.HOT_KEY_FANOUT[1]))
+    lanes = results.get(names.LANES["key"])
+    lanes_ratio = lanes.extra.get("ratio_to_ideal") if lanes is not None else None
     rows: list[tuple[str, str, float | None, float, bool]] = [
         ("overhead_50ms p50", "<= 1 ms", p50, 1.0, False),
         ("overhead_50ms p99", "<= 5 ms", p99, 5.0, False),
@@ -82,6 +85,15 @@ def targets_table(results: dict[str, Result]) -> list[str]:
         ("e2e_noop / plain Faust + table", ">= 0.50", e2e_vs_faust, 0.5, True),
         ("hot_key_fanout N=8 / N=1", ">= 7x", fan8, 7.0, True),
         ("state_commit_100kib / state_commit_1kib (p50)", "<= 3x", state, 3.0, False),
+        (
+            "key lanes, 1 partition, 1,000 keys / min(keys, max_in_flight) x 20/s",
+            ">= 0.80",
+            lanes_ratio,
+            0.8,
+            True,
+        ),
+        ("hot_key_fanout N=4 / N=1 in key lanes", ">= 3.2x (0.8 x N)", fan4, 3.2, True),
+        ("hot_key_fanout N=8 / N=1 in key lanes", ">= 6.4x (0.8 x N)", fan8, 6.4, True),
     ]
     lines = ["| target | goal | measured | status |", "| --- | --- | ---: | --- |"]
     for label, goal, measured, bound, higher_is_better in rows:
@@ -155,6 +167,25 @@ def fanout_table(results: dict[str, Result]) -> list[str]:
             f"| {n} | {_fmt(result.rate, 1)} | {_fmt(_ratio(result.rate, base), 2)} | {n} | "
             f"{', '.join(f'{k}: {v}' for k, v in sorted(spread.items()))} | "
             f"{', '.join(f'{k}: p{v}' for k, v in sorted(partitions.items()))} |"
+        )
+    return lines
+
+
+def lanes_table(results: dict[str, Result]) -> list[str]:
+    lines = [
+        "| lanes | keys on partition 0 | max_in_flight | rate (/s) | ideal (/s) | ratio to ideal |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for mode, name in names.LANES.items():
+        result = results.get(name)
+        if result is None:
+            lines.append(f"| {mode} | missing | | | | |")
+            continue
+        extra = result.extra
+        lines.append(
+            f"| {mode} | {extra.get('keys')} | {extra.get('max_in_flight') if mode == 'key' else '1 lane'} "
+            f"| {_fmt(result.rate, 1)} | {_fmt(extra.get('ideal_rate'), 1)} "
+            f"| {_fmt(extra.get('ratio_to_ideal'), 2)} |"
         )
     return lines
 

@@ -36,6 +36,7 @@ def local_kafka() -> ModuleType:
 
 async def run(size: Size, out_dir: Path, report: Path) -> None:
     from bench.broker import run_broker_benchmarks
+    from bench.lanes import run_lanes_benchmarks
 
     recorder = Recorder(out_dir, size=size)
     await run_runtime_benchmarks(recorder, size=size)
@@ -48,6 +49,7 @@ async def run(size: Size, out_dir: Path, report: Path) -> None:
         bootstrap = launcher.start(state_dir, nodes=1, quiet=True).bootstrap
     try:
         await run_broker_benchmarks(recorder, size=size, bootstrap=bootstrap)
+        await run_lanes_benchmarks(recorder, size=size, bootstrap=bootstrap)
     finally:
         if launcher is not None:
             launcher.stop(state_dir, quiet=True)

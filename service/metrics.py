@@ -12,7 +12,7 @@ or keys.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 _MS_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 _BYTES_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 524288, 786432, 1048576)
@@ -63,6 +63,16 @@ RATE_LIMIT_WAIT_MS = Histogram(
 )
 TOKENS = Histogram(
     "keylane_tokens", "Tokens per provider call (prompt + completion).", buckets=_TOKEN_BUCKETS
+)
+
+IN_FLIGHT = Gauge("keylane_in_flight", "Records being processed now, per partition.", ["partition"])
+LANE_QUEUE_DEPTH = Gauge(
+    "keylane_lane_queue_depth",
+    "Records waiting for their lane (a busy key shows here), per partition.",
+    ["partition"],
+)
+LANE_WAIT_MS = Histogram(
+    "keylane_lane_wait_ms", "Time a record waited for its lane before it ran.", buckets=_MS_BUCKETS
 )
 
 EFFECTOR_INTENTS = Counter(

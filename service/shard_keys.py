@@ -18,6 +18,8 @@ from service.catalog import EVENTS, EVENTS_SHARDED, Catalog
 from service.keys import Assignment, ShardAssigner
 from service.records import InputRecord, error_emit
 from service.runtime.activation import wall_clock_ms
+from service.runtime.faust_glue import feed_lanes
+from service.runtime.lanes import PartitionLanes
 from service.runtime.processor import Publisher, raw_topic
 from service.wire import AgentEnvelope, MalformedRecord, decode, decode_key, encode
 
@@ -45,29 +47,37 @@ class ShardKeys:
         return physical, encode(envelope)
 
     def install(self, app: faust.App, catalog: Catalog, publisher: Publisher) -> None:
-        """Add the stage to a Faust app: agent.events -> agent.events.sharded."""
+        """Add the stage to a Faust app: agent.events -> agent.events.sharded, in offset order
+        per partition and acked only after the sharded record was handed to the producer."""
         source = raw_topic(app, catalog.name(EVENTS))
         target = raw_topic(app, catalog.name(EVENTS_SHARDED))
+        lanes = PartitionLanes()
+
+        async def forward(event: Any) -> None:
+            message = event.message
+            try:
+                physical, value = self.reshard(message.key, message.value)
+            except MalformedRecord as exc:
+                record = InputRecord(
+                    topic=EVENTS,
+                    broker_topic=message.topic,
+                    partition=message.partition,
+                    offset=message.offset,
+                    key=message.key,
+                    value=message.value,
+                )
+                await publisher.publish(
+                    error_emit(record, "malformed_record", exc.detail, now_ms=wall_clock_ms())
+                )
+                return
+            origin = f"{message.topic}/{message.partition}/{message.offset}"
+            await target.send(key=physical, value=value, headers=[(SHARDED_FROM_HEADER, origin.encode())])
 
         async def shard(stream: Any) -> None:
-            async for event in stream.events():
-                message = event.message
-                try:
-                    physical, value = self.reshard(message.key, message.value)
-                except MalformedRecord as exc:
-                    record = InputRecord(
-                        topic=EVENTS,
-                        broker_topic=message.topic,
-                        partition=message.partition,
-                        offset=message.offset,
-                        key=message.key,
-                        value=message.value,
-                    )
-                    await publisher.publish(
-                        error_emit(record, "malformed_record", exc.detail, now_ms=wall_clock_ms())
-                    )
-                    continue
-                origin = f"{message.topic}/{message.partition}/{message.offset}"
-                await target.send(key=physical, value=value, headers=[(SHARDED_FROM_HEADER, origin.encode())])
+            await feed_lanes(stream, lanes, forward)
+
+        async def stop_lanes(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+            await lanes.stop()
 
         app.agent(source, name="keylane.shard-keys")(shard)
+        app.on_before_shutdown.connect(stop_lanes)  # type: ignore[arg-type]  # see runtime/processor.py

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 from pathlib import Path
+from typing import IO
 
 import faust
 import prometheus_client
@@ -104,6 +106,7 @@ def run_effector(
 
 def _run(app: faust.App, settings: Settings) -> int:
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
+    lock = _lock_data_dir(Path(settings.data_dir))
     if settings.metrics_port:
         serve_metrics(settings.metrics_port)
     worker = faust.Worker(app, loglevel=settings.log_level.upper(), redirect_stdouts=False)
@@ -111,4 +114,23 @@ def _run(app: faust.App, settings: Settings) -> int:
         worker.execute_from_commandline()
     except SystemExit as exc:
         return int(exc.code or 0)
+    finally:
+        lock.close()
     return 0
+
+
+def _lock_data_dir(data_dir: Path) -> IO[bytes]:
+    """Hold an exclusive lock on the data dir for the life of the process.
+
+    RocksDB would refuse a second process only when it opens a table during a rebalance,
+    crashing the worker then; refusing at start-up says what to fix instead.
+    """
+    handle = (data_dir / ".keylane.lock").open("wb")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise ConfigError(
+            f"another keylane process uses the data dir {data_dir}; give each worker its own KEYLANE_DATA_DIR"
+        ) from None
+    return handle

@@ -29,7 +29,7 @@ from service.effector.claims import ClaimStore, Done, InFlight
 from service.effector.execute import execute, result_of
 from service.records import Emit, InputRecord, error_emit
 from service.runtime.activation import Clock, wall_clock_ms
-from service.runtime.faust_glue import event_context
+from service.runtime.faust_glue import feed_lanes
 from service.runtime.lanes import PartitionLanes
 from service.runtime.processor import Publisher, raw_topic
 from service.signing import Keyring, Mode
@@ -78,16 +78,10 @@ class Effector:
         app.on_before_shutdown.connect(self._stop_lanes)  # type: ignore[arg-type]  # see processor.py
 
     async def _consume(self, stream: Any) -> None:
-        async for event in stream.noack().events():
-            await self.lanes.submit(event.message.partition, event.message.key, self._job(stream, event))
+        await feed_lanes(stream, self.lanes, self._handle_event)
 
-    def _job(self, stream: Any, event: Any) -> Any:
-        async def run() -> None:
-            with event_context(event):
-                await self.handle(event.message)
-            await stream.ack(event)
-
-        return run
+    async def _handle_event(self, event: Any) -> None:
+        await self.handle(event.message)
 
     async def _stop_lanes(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         await self.lanes.stop()

@@ -52,6 +52,7 @@ class Suspend:
 AgentFn = Callable[["ActivationContext"], Awaitable[Complete | Suspend]]
 ProviderFactory = Callable[[], Provider]
 EventsWhileSuspended = Literal["queue"]
+LaneMode = Literal["partition", "key"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,7 +72,11 @@ class AgentConfig:
     * ``events_while_suspended``: "queue" — events for a suspended key wait, in order, and
       run after the suspension ends;
     * ``tools``: the registry ``ctx.run_tool`` and ``ctx.act`` consult;
-    * ``rate_limit``: provider calls per physical key and per worker (None: unlimited).
+    * ``rate_limit``: provider calls per physical key and per worker (None: unlimited);
+    * ``lanes``: "key" (default) runs different keys of a partition concurrently, each key
+      still serially in offset order; "partition" makes the whole partition one serial lane
+      (see docs/lanes.md); ``max_in_flight`` bounds concurrent records per partition (and the
+      unacked window that pauses fetching), ``worker_max_in_flight`` per worker.
     """
 
     provider_factory: ProviderFactory | None = None
@@ -83,6 +88,9 @@ class AgentConfig:
     events_while_suspended: EventsWhileSuspended = "queue"
     tools: ToolRegistry = field(default_factory=lambda: default_registry)
     rate_limit: RateLimit | None = None
+    lanes: LaneMode = "key"
+    max_in_flight: int = 64
+    worker_max_in_flight: int = 1024
 
     def __post_init__(self) -> None:
         if not isinstance(self.hitl_policy, HitlPolicy):
@@ -97,5 +105,9 @@ class AgentConfig:
             raise ValueError(
                 f"AgentConfig.shard_assignment must be 'hash' or 'round_robin', got {self.shard_assignment!r}"
             )
+        if self.lanes not in ("partition", "key"):
+            raise ValueError(f"AgentConfig.lanes must be 'partition' or 'key', got {self.lanes!r}")
+        if self.max_in_flight < 1 or self.worker_max_in_flight < 1:
+            raise ValueError("AgentConfig.max_in_flight and worker_max_in_flight must be >= 1")
         if self.events_while_suspended != "queue":
             raise ValueError("AgentConfig.events_while_suspended supports only 'queue'")

@@ -12,13 +12,18 @@
 
 from __future__ import annotations
 
+import logging
 import weakref
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from aiokafka.partitioner import murmur2
 from faust.streams import _current_event
+
+from service.runtime.lanes import LaneRecord, LaneScheduler
+
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -35,3 +40,21 @@ def expected_partition(key: bytes, partitions: int) -> int:
     """The partition Kafka's default (murmur2) partitioner assigns to ``key``."""
     hashed: int = murmur2(key)
     return (hashed & 0x7FFFFFFF) % partitions
+
+
+async def feed_lanes(stream: Any, lanes: LaneScheduler, handle: Callable[[Any], Awaitable[None]]) -> None:
+    """Hand every event of a Faust stream to ``lanes``: ``handle(event)`` runs in the record's
+    lane under its event context, and the record is acked when the scheduler says so."""
+    async for event in stream.noack().events():
+        message = event.message
+
+        async def work(event: Any = event) -> None:
+            with event_context(event):
+                await handle(event)
+
+        async def ack(event: Any = event) -> None:
+            await stream.ack(event)
+
+        await lanes.submit(
+            LaneRecord(message.topic, message.partition, message.offset, message.key), work, ack
+        )

@@ -1,12 +1,23 @@
 """Lane scheduling: the one seam that decides which inputs may run concurrently.
 
-A lane runs its jobs one at a time, in submission order. ``PartitionLanes`` makes the
-partition number the lane: every input of partition p (events, results, approvals of the
-co-partitioned topics) runs serially, and different partitions run in parallel. A
-key-ordered mode (per-key lanes inside a partition) implements the same Protocol.
+A lane runs one record at a time, in offset order. Two schedulers implement the seam:
 
-Jobs own their acknowledgement: a job acks its record after its effects are staged, so
-within a lane acks happen in offset order and Faust never commits past unfinished work.
+* ``PartitionLanes`` — the partition number is the lane: every input of partition p (events,
+  results, approvals, timers of the co-partitioned topics) runs serially; partitions run in
+  parallel.
+* ``KeyLanes`` — (partition, key) is the lane: a key's inputs still run one at a time in
+  offset order, while different keys of a partition run concurrently, up to
+  ``max_in_flight`` per partition and ``worker_max_in_flight`` per worker.
+
+Either way a record's offset is acked only when it and every earlier record of its
+topic-partition have finished: acks go out in offset order, never past unfinished work
+(Faust's own out-of-order ack handling is not relied on, see faust-streaming issue #606).
+When a topic-partition holds ``max_in_flight`` unacked records, ``submit`` waits until half of
+them are done, so the stream stops pulling records (Faust's fetch buffer then fills and
+fetching stops); this bounds memory and the work a rebalance waits for.
+
+A job that raises is a keylane bug or fatal state (a corrupt blob): the scheduler stops taking
+work so nothing is acked past it, and the worker crashes and restarts.
 """
 
 from __future__ import annotations
@@ -14,68 +25,215 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Protocol
+
+from service import metrics
 
 log = logging.getLogger(__name__)
 
 Job = Callable[[], Awaitable[None]]
-LANE_QUEUE_SIZE = 256
+
+
+@dataclass(frozen=True)
+class LaneRecord:
+    """Where a record sits: what its lane and its ack order are derived from."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
 
 
 class LaneScheduler(Protocol):
-    """Runs jobs so that jobs of one lane never overlap and keep their order."""
+    """Runs each record's work in its lane, then acks records in offset order per topic-partition."""
 
-    async def submit(self, partition: int, key: bytes | None, job: Job) -> None:
-        """Queue ``job``; may wait when the lane's queue is full (backpressure)."""
+    async def submit(self, record: LaneRecord, work: Job, ack: Job) -> None:
+        """Queue a record; waits while its topic-partition's window of unacked records is full."""
         ...
 
     async def stop(self) -> None:
-        """Finish queued jobs, then stop every lane."""
+        """Finish what was submitted, then stop."""
         ...
 
 
-class PartitionLanes:
-    """One serial lane per partition number; lanes run concurrently."""
+class _AckWindow:
+    """The unacked records of one topic-partition, in offset order."""
 
-    def __init__(self, *, queue_size: int = LANE_QUEUE_SIZE) -> None:
-        self._queue_size = queue_size
-        self._queues: dict[int, asyncio.Queue[Job | None]] = {}
-        self._tasks: dict[int, asyncio.Task[None]] = {}
-        self.failure: BaseException | None = None
+    def __init__(self) -> None:
+        self.pending: OrderedDict[int, tuple[bool, Job]] = OrderedDict()
+        self.lock = asyncio.Lock()
+        self.room = asyncio.Event()
+        self.room.set()
 
-    async def submit(self, partition: int, key: bytes | None, job: Job) -> None:
+    def add(self, offset: int, ack: Job) -> None:
+        self.pending[offset] = (False, ack)
+
+    async def complete(self, offset: int) -> None:
+        """Mark ``offset`` finished and ack the finished prefix, in order."""
+        _, ack = self.pending[offset]
+        self.pending[offset] = (True, ack)
+        async with self.lock:  # one acker at a time keeps acks in offset order
+            while self.pending:
+                head = next(iter(self.pending))
+                done, head_ack = self.pending[head]
+                if not done:
+                    break
+                del self.pending[head]
+                await head_ack()
+
+
+@dataclass
+class _Flow:
+    """Windows per topic-partition; admitting to a full window waits until half of it is done."""
+
+    window: int
+    windows: dict[tuple[str, int], _AckWindow] = field(default_factory=dict)
+
+    async def admit(self, record: LaneRecord, ack: Job) -> _AckWindow:
+        tp = (record.topic, record.partition)
+        window = self.windows.get(tp)
+        if window is None:
+            window = self.windows[tp] = _AckWindow()
+        while len(window.pending) >= self.window:
+            window.room.clear()
+            await window.room.wait()
+        window.add(record.offset, ack)
+        return window
+
+    def drained(self, window: _AckWindow) -> None:
+        if len(window.pending) <= self.window // 2:
+            window.room.set()
+
+
+class _FailFast:
+    failure: BaseException | None = None
+
+    def check(self) -> None:
         if self.failure is not None:
             raise RuntimeError("a lane failed; the worker must restart") from self.failure
-        queue = self._queues.get(partition)
-        if queue is None:
-            queue = self._queues[partition] = asyncio.Queue(self._queue_size)
-            self._tasks[partition] = asyncio.create_task(
-                self._run(partition, queue), name=f"lane-{partition}"
-            )
-        await queue.put(job)
 
-    async def _run(self, partition: int, queue: asyncio.Queue[Job | None]) -> None:
+    def failed(self, exc: BaseException, lane: object) -> None:
+        self.failure = exc
+        log.exception("lane %s failed; no further records are processed", lane)
+
+
+class PartitionLanes(_FailFast):
+    """One serial lane per partition number; lanes run concurrently."""
+
+    def __init__(self, *, window: int = 256) -> None:
+        self._flow = _Flow(window)
+        self._queues: dict[int, asyncio.Queue[tuple[LaneRecord, Job, _AckWindow, float] | None]] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+
+    async def submit(self, record: LaneRecord, work: Job, ack: Job) -> None:
+        self.check()
+        window = await self._flow.admit(record, ack)
+        queue = self._queues.get(record.partition)
+        if queue is None:
+            queue = self._queues[record.partition] = asyncio.Queue()
+            self._tasks[record.partition] = asyncio.create_task(self._run(record.partition, queue))
+        metrics.LANE_QUEUE_DEPTH.labels(str(record.partition)).inc()
+        queue.put_nowait((record, work, window, time.perf_counter()))
+
+    async def _run(
+        self, partition: int, queue: asyncio.Queue[tuple[LaneRecord, Job, _AckWindow, float] | None]
+    ) -> None:
+        label = str(partition)
         while True:
-            job = await queue.get()
-            if job is None:
+            item = await queue.get()
+            if item is None:
                 return
+            record, work, window, queued_at = item
+            metrics.LANE_QUEUE_DEPTH.labels(label).dec()
+            metrics.LANE_WAIT_MS.observe((time.perf_counter() - queued_at) * 1000)
+            metrics.IN_FLIGHT.labels(label).inc()
             try:
-                await job()
+                await work()
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:
-                # A job that raises is a keylane bug or fatal state (e.g. a corrupt blob):
-                # stop taking work so nothing is acked past it; the worker crashes and restarts.
-                self.failure = exc
-                log.exception("lane %s failed; no further records are processed", partition)
+                self.failed(exc, partition)
                 raise
+            finally:
+                metrics.IN_FLIGHT.labels(label).dec()
+            await window.complete(record.offset)
+            self._flow.drained(window)
 
     async def stop(self) -> None:
         for queue in self._queues.values():
-            await queue.put(None)
+            queue.put_nowait(None)
         for task in self._tasks.values():
             with contextlib.suppress(BaseException):
                 await task
         self._queues.clear()
         self._tasks.clear()
+
+
+class KeyLanes(_FailFast):
+    """One serial lane per (partition, key); keys of a partition run concurrently."""
+
+    def __init__(
+        self,
+        *,
+        max_in_flight: int,
+        worker_max_in_flight: int,
+    ) -> None:
+        if max_in_flight < 1 or worker_max_in_flight < 1:
+            raise ValueError("max_in_flight and worker_max_in_flight must be >= 1")
+        self.max_in_flight = max_in_flight
+        self._flow = _Flow(max_in_flight)
+        self._worker_slots = asyncio.Semaphore(worker_max_in_flight)
+        self._partition_slots: dict[int, asyncio.Semaphore] = {}
+        self._lanes: dict[tuple[int, bytes], deque[tuple[LaneRecord, Job, _AckWindow, float]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def submit(self, record: LaneRecord, work: Job, ack: Job) -> None:
+        self.check()
+        window = await self._flow.admit(record, ack)
+        lane_id = (record.partition, record.key or b"")
+        lane = self._lanes.get(lane_id)
+        item = (record, work, window, time.perf_counter())
+        metrics.LANE_QUEUE_DEPTH.labels(str(record.partition)).inc()
+        if lane is not None:
+            lane.append(item)  # the lane's task will get to it, in order
+            return
+        self._lanes[lane_id] = deque([item])
+        task = asyncio.create_task(self._run(lane_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, lane_id: tuple[int, bytes]) -> None:
+        partition = lane_id[0]
+        label = str(partition)
+        slots = self._partition_slots.get(partition)
+        if slots is None:
+            slots = self._partition_slots[partition] = asyncio.Semaphore(self.max_in_flight)
+        lane = self._lanes[lane_id]
+        while lane:
+            record, work, window, queued_at = lane[0]
+            async with slots, self._worker_slots:
+                metrics.LANE_QUEUE_DEPTH.labels(label).dec()
+                metrics.LANE_WAIT_MS.observe((time.perf_counter() - queued_at) * 1000)
+                metrics.IN_FLIGHT.labels(label).inc()
+                try:
+                    await work()
+                except asyncio.CancelledError:
+                    raise
+                except BaseException as exc:
+                    self.failed(exc, lane_id)
+                    raise
+                finally:
+                    metrics.IN_FLIGHT.labels(label).dec()
+            lane.popleft()
+            await window.complete(record.offset)
+            self._flow.drained(window)
+        del self._lanes[lane_id]
+
+    async def stop(self) -> None:
+        while self._tasks:
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(*list(self._tasks))

@@ -38,8 +38,9 @@ from service.catalog import (
 )
 from service.records import Emit, InputRecord
 from service.runtime.activation import KeyRuntime
-from service.runtime.faust_glue import event_context, expected_partition
-from service.runtime.lanes import LaneScheduler, PartitionLanes
+from service.runtime.api import AgentConfig
+from service.runtime.faust_glue import expected_partition, feed_lanes
+from service.runtime.lanes import KeyLanes, LaneScheduler, PartitionLanes
 from service.runtime.state import KeyState, decode_state, encode_state
 from service.runtime.timers import TimerIndex
 from service.wire import TimerFired, encode
@@ -56,6 +57,13 @@ _RAW: dict[str, Any] = {
     "key_serializer": "raw",
     "value_serializer": "raw",
 }
+
+
+def scheduler_for(config: AgentConfig) -> LaneScheduler:
+    """The lane scheduler the config asks for."""
+    if config.lanes == "partition":
+        return PartitionLanes(window=config.max_in_flight)
+    return KeyLanes(max_in_flight=config.max_in_flight, worker_max_in_flight=config.worker_max_in_flight)
 
 
 def raw_topic(app: faust.App, name: str) -> Any:
@@ -119,7 +127,7 @@ class AgentProcessor:
         self.app = app
         self.catalog = catalog
         self.runtime = runtime
-        self.lanes: LaneScheduler = lanes or PartitionLanes()
+        self.lanes: LaneScheduler = lanes or scheduler_for(runtime.config)
         self.partitions = catalog[EVENTS].partitions
         events = EVENTS_SHARDED if sharded else EVENTS
         self.logical_by_name = {catalog.name(t): t for t in (events, RESULTS, APPROVALS, TIMERS)}
@@ -140,17 +148,7 @@ class AgentProcessor:
         app.on_before_shutdown.connect(self._stop_lanes)  # type: ignore[arg-type]  # mode types receivers as positional-only
 
     async def _consume(self, stream: Any) -> None:
-        async for event in stream.noack().events():
-            message = event.message
-            await self.lanes.submit(message.partition, message.key, self._job(stream, event))
-
-    def _job(self, stream: Any, event: Any) -> Any:
-        async def run() -> None:
-            with event_context(event):
-                await self.process(event)
-            await stream.ack(event)
-
-        return run
+        await feed_lanes(stream, self.lanes, self.process)
 
     async def process(self, event: Any) -> None:
         """Steps 1-4 of the module docstring for one Faust event."""

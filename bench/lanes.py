@@ -1,0 +1,94 @@
+"""Key lanes vs partition lanes: one partition, 1,000 keys, FakeLLM 50 ms.
+
+With the partition as the lane, every key of a partition waits behind the one activation in
+it: about 1000 / 50 = 20 activations/s however many keys are idle. With key lanes, up to
+``max_in_flight`` keys of the partition run at once, so the ideal is
+min(keys, max_in_flight) x 20 activations/s; the goal is 80% of it.
+
+All keys are chosen so that Kafka's partitioner puts them on partition 0: one partition
+really carries all 1,000 keys (a record on another partition would be re-routed).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from bench import agents
+from bench.broker import PLANS, BrokerBench, Reader, free_port, mean_activation_ms, produce_all, rate_of
+from bench.harness import Recorder, Result, Size, progress
+from bench.names import LANES
+from service.catalog import EVENTS, OUTPUT
+from service.runtime.faust_glue import expected_partition
+from service.wire import AgentEnvelope, encode
+
+KEYS = 1000
+# (events in key mode, events in partition mode): partition mode runs at ~20/s.
+EVENT_COUNTS: dict[Size, tuple[int, int]] = {"smoke": (200, 30), "quick": (1000, 60), "full": (3000, 200)}
+
+
+def keys_on_partition(partition: int, partitions: int, count: int) -> list[bytes]:
+    """The first ``count`` keys user-<i> that murmur2 puts on ``partition``."""
+    keys: list[bytes] = []
+    i = 0
+    while len(keys) < count:
+        key = f"user-{i}".encode()
+        if expected_partition(key, partitions) == partition:
+            keys.append(key)
+        i += 1
+    return keys
+
+
+async def one_partition_many_keys(bench: BrokerBench, recorder: Recorder, mode: str, events: int) -> None:
+    name = LANES[mode]
+    deployment = await bench.deploy(f"lanes-{mode}")
+    keys = keys_on_partition(0, deployment.partitions(EVENTS), KEYS)
+    progress(f"{name}: {events} events over {len(keys)} keys of partition 0, FakeLLM 50 ms, lanes={mode}")
+    records = [(keys[i % len(keys)], encode(AgentEnvelope(payload=f"e{i}"))) for i in range(events)]
+    await produce_all(bench.bootstrap, deployment.topic(EVENTS), records)
+    port = free_port()
+    worker = bench.worker(
+        deployment, agent="bench.agents:model_call", config=f"bench.agents:lanes_{mode}", metrics_port=port
+    )
+    reader = Reader(bench.bootstrap, deployment.topic(OUTPUT), deployment.partitions(OUTPUT))
+    try:
+        await reader.start()
+        await worker.start()
+        outputs = await reader.take(events, timeout_s=90 + events / 10, watch=[worker])
+        mean_ms, _ = await mean_activation_ms(port)
+    finally:
+        await worker.stop()
+        await reader.stop()
+    config = agents.lanes_key if mode == "key" else agents.lanes_partition
+    concurrent = min(len(keys), config.max_in_flight) if mode == "key" else 1
+    ideal = concurrent * 1000 / agents.LLM_LATENCY_MS
+    rate = rate_of(outputs)
+    recorder.add(
+        Result(
+            name=name,
+            unit="activations/s",
+            rate=rate,
+            extra={
+                "lanes": mode,
+                "keys": len(keys),
+                "events": len(outputs),
+                "max_in_flight": config.max_in_flight,
+                "ideal_rate": ideal,
+                "goal_rate": 0.8 * ideal,
+                "ratio_to_ideal": rate / ideal,
+                "mean_activation_ms": mean_ms,
+            },
+        )
+    )
+
+
+async def run_lanes_benchmarks(recorder: Recorder, *, size: Size, bootstrap: str) -> None:
+    """Both lane modes on one partition with 1,000 keys."""
+    bench = BrokerBench(recorder, PLANS[size], bootstrap)
+    key_events, partition_events = EVENT_COUNTS[size]
+    try:
+        await one_partition_many_keys(bench, recorder, "key", key_events)
+        await one_partition_many_keys(bench, recorder, "partition", partition_events)
+    finally:
+        await bench.stop_all()
+        await bench.delete_topics()
+    shutil.rmtree(bench.work_dir, ignore_errors=True)

@@ -1,0 +1,158 @@
+"""Lane schedulers: per-key order, one record at a time per key, acks only over a finished
+prefix, bounded concurrency, fetch paused when a window fills. Hypothesis drives random
+interleavings of many keys in one partition."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.runtime.lanes import KeyLanes, LaneRecord, PartitionLanes
+
+TOPIC = "agent.events"
+
+
+class Trace:
+    """What the jobs did, in the order they did it."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+        self.finished: list[int] = []
+        self.acked: list[int] = []
+        self.running_keys: set[bytes] = set()
+        self.running = 0
+        self.max_running = 0
+        self.overlaps: list[bytes] = []
+
+    def job(self, key: bytes, offset: int, ticks: int) -> tuple[object, object]:
+        async def work() -> None:
+            if key in self.running_keys:
+                self.overlaps.append(key)
+            self.running_keys.add(key)
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+            self.started.append(offset)
+            for _ in range(ticks):
+                await asyncio.sleep(0)
+            self.running -= 1
+            self.running_keys.discard(key)
+            self.finished.append(offset)
+
+        async def ack() -> None:
+            self.acked.append(offset)
+
+        return work, ack
+
+
+records_strategy = st.lists(
+    st.tuples(st.integers(min_value=0, max_value=7), st.integers(min_value=0, max_value=6)),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(records=records_strategy, max_in_flight=st.integers(min_value=1, max_value=8))
+def test_key_lanes_keep_each_keys_order_and_ack_only_a_finished_prefix(
+    records: list[tuple[int, int]], max_in_flight: int
+) -> None:
+    async def scenario() -> Trace:
+        trace = Trace()
+        lanes = KeyLanes(max_in_flight=max_in_flight, worker_max_in_flight=64)
+        for offset, (key_index, ticks) in enumerate(records):
+            key = f"k{key_index}".encode()
+            work, ack = trace.job(key, offset, ticks)
+            await lanes.submit(LaneRecord(TOPIC, 0, offset, key), work, ack)  # type: ignore[arg-type]
+        await lanes.stop()
+        return trace
+
+    trace = asyncio.run(scenario())
+
+    keys = {offset: f"k{key_index}".encode() for offset, (key_index, _) in enumerate(records)}
+    per_key_started: dict[bytes, list[int]] = defaultdict(list)
+    for offset in trace.started:
+        per_key_started[keys[offset]].append(offset)
+    assert all(offsets == sorted(offsets) for offsets in per_key_started.values()), "each key in offset order"
+    assert trace.overlaps == [], "one activation at a time per key"
+    assert trace.acked == list(range(len(records))), "every record acked, in offset order"
+    assert trace.max_running <= max_in_flight
+
+
+async def test_an_ack_never_passes_an_unfinished_record() -> None:
+    trace = Trace()
+    release = asyncio.Event()
+    lanes = KeyLanes(max_in_flight=4, worker_max_in_flight=4)
+
+    async def slow() -> None:
+        await release.wait()
+
+    async def ack_slow() -> None:
+        trace.acked.append(0)
+
+    await lanes.submit(LaneRecord(TOPIC, 0, 0, b"slow"), slow, ack_slow)
+    for offset in (1, 2):
+        work, ack = trace.job(f"fast{offset}".encode(), offset, 0)
+        await lanes.submit(LaneRecord(TOPIC, 0, offset, f"fast{offset}".encode()), work, ack)  # type: ignore[arg-type]
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+    assert trace.finished == [1, 2], "other keys ran while the slow key was busy"
+    assert trace.acked == [], "nothing acked past the unfinished offset 0"
+    release.set()
+    await lanes.stop()
+    assert trace.acked == [0, 1, 2]
+
+
+async def test_a_full_window_holds_submit_until_half_of_it_is_done() -> None:
+    release = asyncio.Event()
+    lanes = KeyLanes(max_in_flight=4, worker_max_in_flight=4)
+
+    async def blocked() -> None:
+        await release.wait()
+
+    async def ack() -> None:
+        return None
+
+    for offset in range(4):
+        await lanes.submit(LaneRecord(TOPIC, 3, offset, f"k{offset}".encode()), blocked, ack)
+    fifth = asyncio.create_task(lanes.submit(LaneRecord(TOPIC, 3, 4, b"k4"), blocked, ack))
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+    assert not fifth.done(), "the window of 4 unacked records is full: submit waits"
+    release.set()
+    await fifth
+    await lanes.stop()
+
+
+async def test_partition_lanes_run_a_partition_serially_and_partitions_in_parallel() -> None:
+    trace = Trace()
+    lanes = PartitionLanes()
+    for offset in range(6):
+        partition = offset % 2
+        work, ack = trace.job(b"same-partition-%d" % partition, offset, 2)
+        await lanes.submit(LaneRecord(TOPIC, partition, offset, b"any"), work, ack)  # type: ignore[arg-type]
+    await lanes.stop()
+
+    assert sorted(trace.acked) == list(range(6))
+    assert trace.max_running == 2, "one per partition, two partitions at once"
+
+
+async def test_a_failing_job_stops_the_scheduler_from_taking_more_work() -> None:
+    lanes = KeyLanes(max_in_flight=2, worker_max_in_flight=2)
+
+    async def boom() -> None:
+        raise RuntimeError("corrupt state")
+
+    async def ack() -> None:
+        raise AssertionError("a failed record must never be acked")
+
+    await lanes.submit(LaneRecord(TOPIC, 0, 0, b"k"), boom, ack)
+    await lanes.stop()
+
+    with pytest.raises(RuntimeError, match="a lane failed"):
+        await lanes.submit(LaneRecord(TOPIC, 0, 1, b"k"), boom, ack)
