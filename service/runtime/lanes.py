@@ -12,9 +12,11 @@ A lane runs one record at a time, in offset order. Two schedulers implement the 
 Either way a record's offset is acked only when it and every earlier record of its
 topic-partition have finished: acks go out in offset order, never past unfinished work
 (Faust's own out-of-order ack handling is not relied on, see faust-streaming issue #606).
-When a topic-partition holds ``max_in_flight`` unacked records, ``submit`` waits until half of
-them are done, so the stream stops pulling records (Faust's fetch buffer then fills and
-fetching stops); this bounds memory and the work a rebalance waits for.
+When a topic-partition holds ``window`` unacked records (16 x max_in_flight by default),
+``submit`` waits until half of them are done, so the stream stops pulling records (Faust's
+fetch buffer then fills and fetching stops); this bounds memory and the work a rebalance
+waits for. The window is much larger than the concurrency because one dispatcher feeds all
+partitions: a full window holds every partition's next record, not just its own.
 
 A job that raises is a keylane bug or fatal state (a corrupt blob): the scheduler stops taking
 work so nothing is acked past it, and the worker crashes and restarts.
@@ -36,6 +38,7 @@ from service import metrics
 log = logging.getLogger(__name__)
 
 Job = Callable[[], Awaitable[None]]
+WINDOW_PER_IN_FLIGHT = 16
 
 
 @dataclass(frozen=True)
@@ -181,11 +184,12 @@ class KeyLanes(_FailFast):
         *,
         max_in_flight: int,
         worker_max_in_flight: int,
+        window: int | None = None,
     ) -> None:
         if max_in_flight < 1 or worker_max_in_flight < 1:
             raise ValueError("max_in_flight and worker_max_in_flight must be >= 1")
         self.max_in_flight = max_in_flight
-        self._flow = _Flow(max_in_flight)
+        self._flow = _Flow(window or WINDOW_PER_IN_FLIGHT * max_in_flight)
         self._worker_slots = asyncio.Semaphore(worker_max_in_flight)
         self._partition_slots: dict[int, asyncio.Semaphore] = {}
         self._lanes: dict[tuple[int, bytes], deque[tuple[LaneRecord, Job, _AckWindow, float]]] = {}

@@ -40,7 +40,7 @@ from service.records import Emit, InputRecord
 from service.runtime.activation import KeyRuntime
 from service.runtime.api import AgentConfig
 from service.runtime.faust_glue import expected_partition, feed_lanes
-from service.runtime.lanes import KeyLanes, LaneScheduler, PartitionLanes
+from service.runtime.lanes import WINDOW_PER_IN_FLIGHT, KeyLanes, LaneScheduler, PartitionLanes
 from service.runtime.state import KeyState, decode_state, encode_state
 from service.runtime.timers import TimerIndex
 from service.wire import TimerFired, encode
@@ -62,7 +62,7 @@ _RAW: dict[str, Any] = {
 def scheduler_for(config: AgentConfig) -> LaneScheduler:
     """The lane scheduler the config asks for."""
     if config.lanes == "partition":
-        return PartitionLanes(window=config.max_in_flight)
+        return PartitionLanes(window=WINDOW_PER_IN_FLIGHT * config.max_in_flight)
     return KeyLanes(max_in_flight=config.max_in_flight, worker_max_in_flight=config.worker_max_in_flight)
 
 

@@ -109,7 +109,7 @@ async def test_an_ack_never_passes_an_unfinished_record() -> None:
 
 async def test_a_full_window_holds_submit_until_half_of_it_is_done() -> None:
     release = asyncio.Event()
-    lanes = KeyLanes(max_in_flight=4, worker_max_in_flight=4)
+    lanes = KeyLanes(max_in_flight=4, worker_max_in_flight=4, window=4)
 
     async def blocked() -> None:
         await release.wait()
