@@ -60,7 +60,13 @@ def test_smoke_run_reports_every_benchmark(kafka_bootstrap: str, tmp_path: Path)
     text = report.read_text()
     for name in names.EXPECTED:
         assert f"| {name} |" in text, f"{name} missing from the report's summary table"
-    for section in ("## Targets", "## Gate", "## Throughput-math inputs (seed 000)", "## Hot-key fan-out"):
+    for section in (
+        "## Targets",
+        "## Gate",
+        "## Throughput-math inputs (seed 000)",
+        "## Hot-key fan-out",
+        "## Key lanes vs partition lanes",
+    ):
         assert section in text
     for plot in ("overhead_tiers.png", "fanout_scaling.png", "state_commit.png"):
         assert (out / plot).stat().st_size > 1000 and plot in text
