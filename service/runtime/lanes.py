@@ -119,9 +119,21 @@ class _FailFast:
         if self.failure is not None:
             raise RuntimeError("a lane failed; the worker must restart") from self.failure
 
-    def failed(self, exc: BaseException, lane: object) -> None:
-        self.failure = exc
-        log.exception("lane %s failed; no further records are processed", lane)
+    async def execute(self, work: Job, queued_at: float, label: str, *, lane: object) -> None:
+        """Run one record's work, keeping the lane metrics; a failure stops the scheduler."""
+        metrics.LANE_QUEUE_DEPTH.labels(label).dec()
+        metrics.LANE_WAIT_MS.observe((time.perf_counter() - queued_at) * 1000)
+        metrics.IN_FLIGHT.labels(label).inc()
+        try:
+            await work()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.failure = exc
+            log.exception("lane %s failed; no further records are processed", lane)
+            raise
+        finally:
+            metrics.IN_FLIGHT.labels(label).dec()
 
 
 class PartitionLanes(_FailFast):
@@ -151,18 +163,7 @@ class PartitionLanes(_FailFast):
             if item is None:
                 return
             record, work, window, queued_at = item
-            metrics.LANE_QUEUE_DEPTH.labels(label).dec()
-            metrics.LANE_WAIT_MS.observe((time.perf_counter() - queued_at) * 1000)
-            metrics.IN_FLIGHT.labels(label).inc()
-            try:
-                await work()
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:
-                self.failed(exc, partition)
-                raise
-            finally:
-                metrics.IN_FLIGHT.labels(label).dec()
+            await self.execute(work, queued_at, label, lane=partition)
             await window.complete(record.offset)
             self._flow.drained(window)
 
@@ -220,18 +221,7 @@ class KeyLanes(_FailFast):
         while lane:
             record, work, window, queued_at = lane[0]
             async with slots, self._worker_slots:
-                metrics.LANE_QUEUE_DEPTH.labels(label).dec()
-                metrics.LANE_WAIT_MS.observe((time.perf_counter() - queued_at) * 1000)
-                metrics.IN_FLIGHT.labels(label).inc()
-                try:
-                    await work()
-                except asyncio.CancelledError:
-                    raise
-                except BaseException as exc:
-                    self.failed(exc, lane_id)
-                    raise
-                finally:
-                    metrics.IN_FLIGHT.labels(label).dec()
+                await self.execute(work, queued_at, label, lane=lane_id)
             lane.popleft()
             await window.complete(record.offset)
             self._flow.drained(window)

@@ -6,11 +6,25 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 from service.catalog import OUTPUT, Catalog
 from service.config import Settings
 from tests.kafka_io import read_all
+
+
+def tool_runs(ledger: Path) -> int:
+    """How many times the test tool ran (its ledger's lines)."""
+    return len(ledger.read_text().splitlines()) if ledger.exists() else 0
+
+
+async def wait_until(condition: Callable[[], bool], *, timeout_s: float, what: str) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout_s`` naming ``what``."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
 
 
 async def outputs_by_id(

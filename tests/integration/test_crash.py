@@ -8,7 +8,6 @@ effector ran each intent once (the tool's own ledger).
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from pathlib import Path
 
@@ -17,7 +16,12 @@ import pytest
 from service.catalog import EVENTS, Catalog
 from service.config import Settings
 from service.wire import AgentEnvelope, encode
-from tests.integration.stream_checks import assert_exactly_once_in_effect, outputs_by_id
+from tests.integration.stream_checks import (
+    assert_exactly_once_in_effect,
+    outputs_by_id,
+    tool_runs,
+    wait_until,
+)
 from tests.kafka_io import produce
 from tests.processes import KeylaneProcess, process_env, running
 
@@ -26,17 +30,6 @@ pytestmark = pytest.mark.kafka
 KEYS = [f"cust-{i}".encode() for i in range(16)]  # several keys per partition: many lanes in flight
 EVENTS_PER_KEY = 6
 KILL_AFTER_TOOL_RUNS = (15, 40, 65)  # the last restart also loses its local RocksDB
-
-
-def tool_runs(ledger: Path) -> int:
-    return len(ledger.read_text().splitlines()) if ledger.exists() else 0
-
-
-async def wait_until(condition: object, *, timeout_s: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.timeout(300)
