@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from service.catalog import ERRORS
 from service.runtime import ids
@@ -19,6 +20,18 @@ class InputRecord:
     offset: int
     key: bytes | None
     value: bytes | None
+
+    @classmethod
+    def of(cls, topic: str, message: Any) -> InputRecord:
+        """The record a consumer message carries, under its logical catalog topic name."""
+        return cls(
+            topic=topic,
+            broker_topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            key=message.key,
+            value=message.value,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -58,14 +58,7 @@ class ShardKeys:
             try:
                 physical, value = self.reshard(message.key, message.value)
             except MalformedRecord as exc:
-                record = InputRecord(
-                    topic=EVENTS,
-                    broker_topic=message.topic,
-                    partition=message.partition,
-                    offset=message.offset,
-                    key=message.key,
-                    value=message.value,
-                )
+                record = InputRecord.of(EVENTS, message)
                 await publisher.publish(
                     error_emit(record, "malformed_record", exc.detail, now_ms=wall_clock_ms())
                 )

@@ -88,14 +88,7 @@ class Effector:
 
     async def handle(self, message: Any) -> None:
         """Steps 1-5 of the module docstring for one agent.intents record."""
-        record = InputRecord(
-            topic=INTENTS,
-            broker_topic=message.topic,
-            partition=message.partition,
-            offset=message.offset,
-            key=message.key,
-            value=message.value,
-        )
+        record = InputRecord.of(INTENTS, message)
         try:
             intent = decode(message.value, ToolIntent)
         except MalformedRecord as exc:

@@ -157,14 +157,7 @@ class AgentProcessor:
         if key is not None and expected_partition(key, self.partitions) != message.partition:
             await self._reroute(message)
             return
-        record = InputRecord(
-            topic=self.logical_by_name[message.topic],
-            broker_topic=message.topic,
-            partition=message.partition,
-            offset=message.offset,
-            key=key,
-            value=message.value,
-        )
+        record = InputRecord.of(self.logical_by_name[message.topic], message)
         decision = await self.runtime.handle(record, self._state_of)
         if decision.new_state is not None:
             assert key is not None
