@@ -71,6 +71,11 @@ LANE_QUEUE_DEPTH = Gauge(
     "Records waiting for their lane (a busy key shows here), per partition.",
     ["partition"],
 )
+PARTITION_PAUSES = Counter(
+    "keylane_partition_pauses",
+    "Times fetching stopped for a topic-partition whose lane window was full.",
+    ["partition"],
+)
 LANE_WAIT_MS = Histogram(
     "keylane_lane_wait_ms", "Time a record waited for its lane before it ran.", buckets=_MS_BUCKETS
 )

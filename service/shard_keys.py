@@ -18,7 +18,7 @@ from service.catalog import EVENTS, EVENTS_SHARDED, Catalog
 from service.keys import Assignment, ShardAssigner
 from service.records import InputRecord, error_emit
 from service.runtime.activation import wall_clock_ms
-from service.runtime.faust_glue import feed_lanes
+from service.runtime.faust_glue import feed_lanes, guard_offsets
 from service.runtime.lanes import PartitionLanes
 from service.runtime.processor import Publisher, raw_topic
 from service.wire import AgentEnvelope, MalformedRecord, decode, decode_key, encode
@@ -52,6 +52,7 @@ class ShardKeys:
         source = raw_topic(app, catalog.name(EVENTS))
         target = raw_topic(app, catalog.name(EVENTS_SHARDED))
         lanes = PartitionLanes()
+        offsets = guard_offsets(app, [catalog.name(EVENTS)])
 
         async def forward(event: Any) -> None:
             message = event.message
@@ -71,6 +72,7 @@ class ShardKeys:
 
         async def stop_lanes(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
             await lanes.stop()
+            await offsets.close()
 
         app.agent(source, name="keylane.shard-keys")(shard)
         app.on_before_shutdown.connect(stop_lanes)  # type: ignore[arg-type]  # see runtime/processor.py

@@ -29,7 +29,7 @@ from service.effector.claims import ClaimStore, Done, InFlight
 from service.effector.execute import execute, result_of
 from service.records import Emit, InputRecord, error_emit
 from service.runtime.activation import Clock, wall_clock_ms
-from service.runtime.faust_glue import feed_lanes
+from service.runtime.faust_glue import feed_lanes, guard_offsets
 from service.runtime.lanes import PartitionLanes
 from service.runtime.processor import Publisher, raw_topic
 from service.signing import Keyring, Mode
@@ -74,6 +74,7 @@ class Effector:
             value_type=bytes,
         )
         self.claims = ClaimStore(self.table)
+        self.offsets = guard_offsets(app, [catalog.name(INTENTS)])
         app.agent(source, name="keylane.effector")(self._consume)
         app.on_before_shutdown.connect(self._stop_lanes)  # type: ignore[arg-type]  # see processor.py
 
@@ -85,6 +86,7 @@ class Effector:
 
     async def _stop_lanes(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         await self.lanes.stop()
+        await self.offsets.close()
 
     async def handle(self, message: Any) -> None:
         """Steps 1-5 of the module docstring for one agent.intents record."""

@@ -1,4 +1,4 @@
-"""The two places keylane reaches into Faust and aiokafka internals, each with its reason.
+"""The places keylane reaches into Faust and aiokafka internals, each with its reason.
 
 * Faust tables choose the RocksDB partition and the changelog partition of a read or write
   from the *current event*, a context variable Faust sets only inside its own stream
@@ -8,20 +8,34 @@
 * Kafka's default partitioner (Java client, aiokafka, Faust) is murmur2 on the key bytes.
   ``expected_partition`` recomputes it to spot records a client with another partitioner
   (librdkafka's default, as used by kcat) put on a different partition than their key's.
+* Faust's commit offsets can pass records keylane never processed around a rebalance (see
+  service/runtime/offsets.py). ``guard_offsets`` puts keylane's OffsetLedger in charge of
+  the input topics of an app: after each assignment their partitions are sought to the
+  committed offset (or the log start), records are admitted strictly in offset order
+  (``feed_lanes``), and the consumer commits the ledger's marks instead of Faust's acks.
+  Faust's Consumer gets three methods wrapped, once per process; apps that never call
+  ``guard_offsets`` keep Faust's behaviour.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 from faust.streams import _current_event
+from faust.transport.consumer import Consumer as FaustConsumer
+from faust.types import TP
 
-from service.runtime.lanes import LaneRecord, LaneScheduler
+from service import metrics
+from service.runtime.lanes import LaneRecord, LaneScheduler, WindowHooks
+from service.runtime.offsets import Admission, OffsetLedger
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +56,195 @@ def expected_partition(key: bytes, partitions: int) -> int:
     return (hashed & 0x7FFFFFFF) % partitions
 
 
+_GUARD_ATTR = "_keylane_offset_guard"
+RESEEK_AFTER_S = 5.0
+PROBE_TIMEOUT_MS = 5000
+
+
+class OffsetGuard:
+    """An app's OffsetLedger, the topics it governs, and how gaps are resolved."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.ledger = OffsetLedger()
+        self.topics: set[str] = set()
+        self._sought: dict[tuple[str, int], tuple[int, float]] = {}
+        self._probe: AIOKafkaConsumer | None = None
+        self._seeks: set[asyncio.Task[None]] = set()
+        self.window_hooks = WindowHooks(full=self.pause, room=self.resume)
+
+    def governs(self, topic: str) -> bool:
+        return topic in self.topics
+
+    async def position(self, consumer: Any) -> None:
+        """After Faust's seek to committed: seek every governed partition to its start."""
+        tps = [tp for tp in consumer.assignment() if tp.topic in self.topics]
+        if not tps:
+            return
+        earliest = await consumer.earliest_offsets(*tps)
+        for tp in tps:
+            # Faust's perform_seek keeps a committed 0 in _read_offset (_committed_offset has None).
+            committed = consumer._read_offset.get(tp)
+            start = max(committed or 0, earliest.get(tp) or 0)
+            await consumer.seek(tp, start)
+            self.ledger.assigned((tp.topic, tp.partition), start)
+            self._sought.pop((tp.topic, tp.partition), None)
+        log.info("positioned %s input partitions at their committed offsets", len(tps))
+
+    def pause(self, topic: str, partition: int) -> None:
+        """Stop fetching a topic-partition whose lane window is full."""
+        log.debug("pausing %s/%s: its lane window is full", topic, partition)
+        metrics.PARTITION_PAUSES.labels(str(partition)).inc()
+        self.app.consumer.pause_partitions({TP(topic, partition)})
+
+    def resume(self, topic: str, partition: int) -> None:
+        """Fetch a paused topic-partition again, from the next offset the ledger expects.
+
+        Faust drops fetched records of a partition paused meanwhile (the consumer's position
+        has passed them), so reading restarts at the expected offset; re-read records that
+        were already admitted are dropped as duplicates.
+        """
+        tp = TP(topic, partition)
+        self.app.consumer.resume_partitions({tp})
+        expected = self.ledger.expected((topic, partition))
+        if expected is None:
+            return
+        self._sought[(topic, partition)] = (expected, time.monotonic())
+        seek = asyncio.ensure_future(self.app.consumer.seek(tp, expected))
+        self._seeks.add(seek)
+        seek.add_done_callback(self._seeks.discard)
+
+    async def resolve_gap(self, tp: tuple[str, int], offset: int) -> bool:
+        """A record arrived ahead of the expected offset. Returns True when the log really has
+        nothing in between (the gap is skipped and the record may be processed); otherwise
+        the consumer is sought back to the expected offset and the record must be dropped."""
+        expected = self.ledger.expected(tp)
+        if expected is None:
+            return False
+        sought = self._sought.get(tp)
+        if sought is not None and sought[0] == expected and time.monotonic() - sought[1] < RESEEK_AFTER_S:
+            return False  # already re-reading from there; this is a record fetched before the seek
+        first = await self._first_offset_from(tp, expected)
+        if first is not None and first >= offset:
+            self.ledger.skip_to(tp, offset)
+            return True
+        log.warning(
+            "%s/%s: offset %s arrived while %s was expected; re-reading from there", *tp, offset, expected
+        )
+        await self.app.consumer.seek(TopicPartition(*tp), expected)
+        self._sought[tp] = (expected, time.monotonic())
+        return False
+
+    async def _first_offset_from(self, tp: tuple[str, int], offset: int) -> int | None:
+        """The offset of the first record at or after ``offset`` in the log (a separate, group-less
+        consumer reads it), or None when none arrives in time."""
+        if self._probe is None:
+            conf = self.app.conf
+            self._probe = AIOKafkaConsumer(
+                bootstrap_servers=[f"{url.host}:{url.port or 9092}" for url in conf.broker],
+                enable_auto_commit=False,
+                isolation_level=(
+                    "read_committed"
+                    if str(conf.processing_guarantee) == "exactly_once"
+                    else "read_uncommitted"
+                ),
+            )
+            await self._probe.start()
+        partition = TopicPartition(*tp)
+        self._probe.assign([partition])
+        self._probe.seek(partition, offset)
+        batches = await self._probe.getmany(partition, timeout_ms=PROBE_TIMEOUT_MS, max_records=1)
+        records = batches.get(partition, [])
+        return records[0].offset if records else None
+
+    async def close(self) -> None:
+        if self._probe is not None:
+            await self._probe.stop()
+            self._probe = None
+
+
+def guard_offsets(app: Any, topics: Iterable[str]) -> OffsetGuard:
+    """Put keylane's offset ledger in charge of ``topics`` on ``app`` (see the module docstring)."""
+    guard: OffsetGuard | None = getattr(app, _GUARD_ATTR, None)
+    if guard is None:
+        _wrap_faust_consumer()
+        guard = OffsetGuard(app)
+        setattr(app, _GUARD_ATTR, guard)
+    guard.topics.update(topics)
+    return guard
+
+
+def _guard_of(consumer: Any) -> OffsetGuard | None:
+    return getattr(consumer.app, _GUARD_ATTR, None)
+
+
+_wrapped = False
+
+
+def _wrap_faust_consumer() -> None:
+    global _wrapped
+    if _wrapped:
+        return
+    _wrapped = True
+    perform_seek = FaustConsumer.perform_seek
+    on_partitions_revoked = FaustConsumer.on_partitions_revoked
+    new_offset = FaustConsumer._new_offset
+
+    async def perform_seek_then_position(self: Any) -> None:
+        await perform_seek(self)
+        guard = _guard_of(self)
+        if guard is not None:
+            await guard.position(self)
+
+    async def revoke_from_ledger(self: Any, revoked: Any) -> None:
+        await on_partitions_revoked(self, revoked)
+        guard = _guard_of(self)
+        if guard is not None:
+            for tp in revoked:
+                guard.ledger.revoked((tp.topic, tp.partition))
+
+    def ledger_offset(self: Any, tp: Any) -> int | None:
+        guard = _guard_of(self)
+        if guard is None or not guard.governs(tp.topic):
+            return new_offset(self, tp)
+        # Faust's ack list for this partition is not the truth here; drop it so it cannot grow.
+        self._acked[tp].clear()
+        self._acked_index[tp].clear()
+        return guard.ledger.committable((tp.topic, tp.partition), self._committed_offset.get(tp))
+
+    FaustConsumer.perform_seek = perform_seek_then_position  # type: ignore[method-assign]
+    FaustConsumer.on_partitions_revoked = revoke_from_ledger  # type: ignore[method-assign]
+    FaustConsumer._new_offset = ledger_offset  # type: ignore[method-assign]
+
+
 async def feed_lanes(stream: Any, lanes: LaneScheduler, handle: Callable[[Any], Awaitable[None]]) -> None:
     """Hand every event of a Faust stream to ``lanes``: ``handle(event)`` runs in the record's
-    lane under its event context, and the record is acked when the scheduler says so."""
+    lane under its event context, and the record is acked when the scheduler says so.
+
+    When the app's offsets are guarded (``guard_offsets``), only records the ledger admits
+    reach the lanes, and the ledger learns of each finished record in offset order.
+    """
+    guard: OffsetGuard | None = getattr(stream.app, _GUARD_ATTR, None)
+    if guard is not None:
+        lanes.set_window_hooks(guard.window_hooks)  # pause a full partition, not the dispatcher
     async for event in stream.noack().events():
         message = event.message
+        tp = (message.topic, message.partition)
+        if guard is not None and guard.governs(message.topic):
+            admission = guard.ledger.admit(tp, message.offset)
+            if admission is Admission.GAP and await guard.resolve_gap(tp, message.offset):
+                admission = guard.ledger.admit(tp, message.offset)
+            if admission is not Admission.PROCESS:
+                await stream.ack(event)  # Faust's unacked bookkeeping only; the ledger commits
+                continue
 
         async def work(event: Any = event) -> None:
             with event_context(event):
                 await handle(event)
 
-        async def ack(event: Any = event) -> None:
+        async def ack(event: Any = event, tp: tuple[str, int] = tp) -> None:
+            if guard is not None:
+                guard.ledger.finished(tp, event.message.offset)
             await stream.ack(event)
 
         await lanes.submit(

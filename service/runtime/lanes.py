@@ -12,11 +12,11 @@ A lane runs one record at a time, in offset order. Two schedulers implement the 
 Either way a record's offset is acked only when it and every earlier record of its
 topic-partition have finished: acks go out in offset order, never past unfinished work
 (Faust's own out-of-order ack handling is not relied on, see faust-streaming issue #606).
-When a topic-partition holds ``window`` unacked records (16 x max_in_flight by default),
-``submit`` waits until half of them are done, so the stream stops pulling records (Faust's
-fetch buffer then fills and fetching stops); this bounds memory and the work a rebalance
-waits for. The window is much larger than the concurrency because one dispatcher feeds all
-partitions: a full window holds every partition's next record, not just its own.
+When a topic-partition holds ``window`` unacked records (16 x max_in_flight by default), it
+is paused: with ``WindowHooks`` installed (the Faust glue pauses fetching that partition),
+``submit`` goes on taking the records already fetched and other partitions keep flowing;
+without them ``submit`` waits. Either way it resumes when half the window is done. This
+bounds memory and the work a rebalance waits for.
 
 A job that raises is a keylane bug or fatal state (a corrupt blob): the scheduler stops taking
 work so nothing is acked past it, and the worker crashes and restarts.
@@ -55,30 +55,53 @@ class LaneScheduler(Protocol):
     """Runs each record's work in its lane, then acks records in offset order per topic-partition."""
 
     async def submit(self, record: LaneRecord, work: Job, ack: Job) -> None:
-        """Queue a record; waits while its topic-partition's window of unacked records is full."""
+        """Queue a record. While its topic-partition's window of unacked records is full it
+        waits, unless window hooks pause that partition instead."""
         ...
 
     async def stop(self) -> None:
         """Finish what was submitted, then stop."""
         ...
 
+    def set_window_hooks(self, hooks: WindowHooks) -> None:
+        """Pause and resume topic-partitions through ``hooks`` instead of blocking ``submit``."""
+        ...
+
+
+@dataclass(frozen=True)
+class WindowHooks:
+    """Called with (topic, partition) when a topic-partition's window fills, and when half of
+    it has drained again."""
+
+    full: Callable[[str, int], None]
+    room: Callable[[str, int], None]
+
 
 class _AckWindow:
-    """The unacked records of one topic-partition, in offset order."""
+    """The unacked records of one topic-partition, in the order they were submitted.
 
-    def __init__(self) -> None:
+    Entries are keyed by a submission ticket, not by offset: after a rebalance the same
+    offset can be submitted again while its earlier copy is still finishing.
+    """
+
+    def __init__(self, tp: tuple[str, int]) -> None:
+        self.tp = tp
         self.pending: OrderedDict[int, tuple[bool, Job]] = OrderedDict()
         self.lock = asyncio.Lock()
         self.room = asyncio.Event()
         self.room.set()
+        self.paused = False
+        self._tickets = 0
 
-    def add(self, offset: int, ack: Job) -> None:
-        self.pending[offset] = (False, ack)
+    def add(self, ack: Job) -> int:
+        self._tickets += 1
+        self.pending[self._tickets] = (False, ack)
+        return self._tickets
 
-    async def complete(self, offset: int) -> None:
-        """Mark ``offset`` finished and ack the finished prefix, in order."""
-        _, ack = self.pending[offset]
-        self.pending[offset] = (True, ack)
+    async def complete(self, ticket: int) -> None:
+        """Mark ``ticket`` finished and ack the finished prefix, in order."""
+        _, ack = self.pending[ticket]
+        self.pending[ticket] = (True, ack)
         async with self.lock:  # one acker at a time keeps acks in offset order
             while self.pending:
                 head = next(iter(self.pending))
@@ -91,29 +114,47 @@ class _AckWindow:
 
 @dataclass
 class _Flow:
-    """Windows per topic-partition; admitting to a full window waits until half of it is done."""
+    """Windows per topic-partition. A full window is paused: through the hooks when there are
+    any (admission goes on), else by making admission wait. Half drained, it resumes."""
 
     window: int
     windows: dict[tuple[str, int], _AckWindow] = field(default_factory=dict)
+    hooks: WindowHooks | None = None
 
-    async def admit(self, record: LaneRecord, ack: Job) -> _AckWindow:
+    async def admit(self, record: LaneRecord, ack: Job) -> tuple[_AckWindow, int]:
         tp = (record.topic, record.partition)
         window = self.windows.get(tp)
         if window is None:
-            window = self.windows[tp] = _AckWindow()
-        while len(window.pending) >= self.window:
-            window.room.clear()
-            await window.room.wait()
-        window.add(record.offset, ack)
-        return window
+            window = self.windows[tp] = _AckWindow(tp)
+        if len(window.pending) >= self.window:
+            if self.hooks is not None:
+                if not window.paused:
+                    window.paused = True
+                    self.hooks.full(*tp)
+            else:
+                while len(window.pending) >= self.window:
+                    window.room.clear()
+                    await window.room.wait()
+        return window, window.add(ack)
 
     def drained(self, window: _AckWindow) -> None:
         if len(window.pending) <= self.window // 2:
             window.room.set()
+            if window.paused:
+                window.paused = False
+                if self.hooks is not None:
+                    self.hooks.room(*window.tp)
 
 
-class _FailFast:
+class _SchedulerBase:
+    """What both schedulers share: the flow windows, and failing fast."""
+
+    _flow: _Flow
     failure: BaseException | None = None
+
+    def set_window_hooks(self, hooks: WindowHooks) -> None:
+        """Pause and resume topic-partitions through ``hooks`` instead of blocking ``submit``."""
+        self._flow.hooks = hooks
 
     def check(self) -> None:
         if self.failure is not None:
@@ -136,35 +177,35 @@ class _FailFast:
             metrics.IN_FLIGHT.labels(label).dec()
 
 
-class PartitionLanes(_FailFast):
+class PartitionLanes(_SchedulerBase):
     """One serial lane per partition number; lanes run concurrently."""
 
     def __init__(self, *, window: int = 256) -> None:
         self._flow = _Flow(window)
-        self._queues: dict[int, asyncio.Queue[tuple[LaneRecord, Job, _AckWindow, float] | None]] = {}
+        self._queues: dict[int, asyncio.Queue[tuple[int, Job, _AckWindow, float] | None]] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
 
     async def submit(self, record: LaneRecord, work: Job, ack: Job) -> None:
         self.check()
-        window = await self._flow.admit(record, ack)
+        window, ticket = await self._flow.admit(record, ack)
         queue = self._queues.get(record.partition)
         if queue is None:
             queue = self._queues[record.partition] = asyncio.Queue()
             self._tasks[record.partition] = asyncio.create_task(self._run(record.partition, queue))
         metrics.LANE_QUEUE_DEPTH.labels(str(record.partition)).inc()
-        queue.put_nowait((record, work, window, time.perf_counter()))
+        queue.put_nowait((ticket, work, window, time.perf_counter()))
 
     async def _run(
-        self, partition: int, queue: asyncio.Queue[tuple[LaneRecord, Job, _AckWindow, float] | None]
+        self, partition: int, queue: asyncio.Queue[tuple[int, Job, _AckWindow, float] | None]
     ) -> None:
         label = str(partition)
         while True:
             item = await queue.get()
             if item is None:
                 return
-            record, work, window, queued_at = item
+            ticket, work, window, queued_at = item
             await self.execute(work, queued_at, label, lane=partition)
-            await window.complete(record.offset)
+            await window.complete(ticket)
             self._flow.drained(window)
 
     async def stop(self) -> None:
@@ -177,7 +218,7 @@ class PartitionLanes(_FailFast):
         self._tasks.clear()
 
 
-class KeyLanes(_FailFast):
+class KeyLanes(_SchedulerBase):
     """One serial lane per (partition, key); keys of a partition run concurrently."""
 
     def __init__(
@@ -193,15 +234,15 @@ class KeyLanes(_FailFast):
         self._flow = _Flow(window or WINDOW_PER_IN_FLIGHT * max_in_flight)
         self._worker_slots = asyncio.Semaphore(worker_max_in_flight)
         self._partition_slots: dict[int, asyncio.Semaphore] = {}
-        self._lanes: dict[tuple[int, bytes], deque[tuple[LaneRecord, Job, _AckWindow, float]]] = {}
+        self._lanes: dict[tuple[int, bytes], deque[tuple[int, Job, _AckWindow, float]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def submit(self, record: LaneRecord, work: Job, ack: Job) -> None:
         self.check()
-        window = await self._flow.admit(record, ack)
+        window, ticket = await self._flow.admit(record, ack)
         lane_id = (record.partition, record.key or b"")
         lane = self._lanes.get(lane_id)
-        item = (record, work, window, time.perf_counter())
+        item = (ticket, work, window, time.perf_counter())
         metrics.LANE_QUEUE_DEPTH.labels(str(record.partition)).inc()
         if lane is not None:
             lane.append(item)  # the lane's task will get to it, in order
@@ -219,11 +260,11 @@ class KeyLanes(_FailFast):
             slots = self._partition_slots[partition] = asyncio.Semaphore(self.max_in_flight)
         lane = self._lanes[lane_id]
         while lane:
-            record, work, window, queued_at = lane[0]
+            ticket, work, window, queued_at = lane[0]
             async with slots, self._worker_slots:
                 await self.execute(work, queued_at, label, lane=lane_id)
             lane.popleft()
-            await window.complete(record.offset)
+            await window.complete(ticket)
             self._flow.drained(window)
         del self._lanes[lane_id]
 

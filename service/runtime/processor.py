@@ -39,7 +39,7 @@ from service.catalog import (
 from service.records import Emit, InputRecord
 from service.runtime.activation import KeyRuntime
 from service.runtime.api import AgentConfig
-from service.runtime.faust_glue import expected_partition, feed_lanes
+from service.runtime.faust_glue import expected_partition, feed_lanes, guard_offsets
 from service.runtime.lanes import WINDOW_PER_IN_FLIGHT, KeyLanes, LaneScheduler, PartitionLanes
 from service.runtime.state import KeyState, decode_state, encode_state
 from service.runtime.timers import TimerIndex
@@ -132,6 +132,7 @@ class AgentProcessor:
         events = EVENTS_SHARDED if sharded else EVENTS
         self.logical_by_name = {catalog.name(t): t for t in (events, RESULTS, APPROVALS, TIMERS)}
         self.inputs = app.topic(*self.logical_by_name, **_RAW)
+        self.offsets = guard_offsets(app, self.logical_by_name)
         self._reroute_topics = {name: raw_topic(app, name) for name in self.logical_by_name}
         # key_type/value_type bytes make Faust use the raw codec for both.
         self.table = app.Table(
@@ -168,6 +169,7 @@ class AgentProcessor:
 
     async def _stop_lanes(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         await self.lanes.stop()
+        await self.offsets.close()
 
     async def _on_rebalance_complete(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         self._rebuild_timers = True

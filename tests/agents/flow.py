@@ -53,6 +53,7 @@ def record_event(args: dict[str, Any]) -> dict[str, Any]:
 config = AgentConfig(provider_factory=make_provider)
 sharded2 = AgentConfig(provider_factory=make_provider, shards=2)
 sharded4 = AgentConfig(provider_factory=make_provider, shards=4)
+narrow = AgentConfig(provider_factory=make_provider, max_in_flight=1)  # a window of 16 records
 
 
 async def remember(ctx: ActivationContext) -> Complete:

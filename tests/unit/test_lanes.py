@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.runtime.lanes import KeyLanes, LaneRecord, PartitionLanes
+from service.runtime.lanes import KeyLanes, LaneRecord, PartitionLanes, WindowHooks
 
 TOPIC = "agent.events"
 
@@ -126,6 +127,40 @@ async def test_a_full_window_holds_submit_until_half_of_it_is_done() -> None:
     assert not fifth.done(), "the window of 4 unacked records is full: submit waits"
     release.set()
     await fifth
+    await lanes.stop()
+
+
+async def test_with_window_hooks_a_full_partition_is_paused_and_others_keep_flowing() -> None:
+    releases = {offset: asyncio.Event() for offset in range(6)}
+    calls: list[tuple[str, int, str]] = []
+    lanes = KeyLanes(max_in_flight=8, worker_max_in_flight=8, window=4)
+    lanes.set_window_hooks(
+        WindowHooks(
+            full=lambda topic, partition: calls.append((topic, partition, "pause")),
+            room=lambda topic, partition: calls.append((topic, partition, "resume")),
+        )
+    )
+
+    def job(offset: int) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            await releases[offset].wait()
+
+        return run
+
+    async def ack() -> None:
+        return None
+
+    for offset in range(5):  # the fifth finds the window of 4 full: pause, but no waiting
+        await lanes.submit(LaneRecord(TOPIC, 3, offset, f"k{offset}".encode()), job(offset), ack)
+    await lanes.submit(LaneRecord(TOPIC, 5, 0, b"other"), job(5), ack)
+    assert calls == [(TOPIC, 3, "pause")], "partition 3 paused once; partition 5 was never held up"
+    for offset in (0, 1, 2):
+        releases[offset].set()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert calls == [(TOPIC, 3, "pause"), (TOPIC, 3, "resume")], "2 of 4 left: half drained"
+    for event in releases.values():
+        event.set()
     await lanes.stop()
 
 

@@ -1,15 +1,9 @@
-"""REPRODUCTION OF AN OPEN BUG (issue 7), not part of the default run; run it by path:
+"""Scale 1 -> 2 -> 1 workers while a stream with suspensions flows: the end state is the
+same as without any rebalance (one output per event, exact memory, each intent run once).
 
-    .venv/bin/python -m pytest tests/repro/rebalance_loses_records.py
-
-Scale 1 -> 2 -> 1 workers while a stream with suspensions flows. Expected: the end state is
-the same as without any rebalance (one output per event, exact memory, each intent run
-once). Observed in every run so far: 1-3 of 96 events are lost — each one produced while a
-rebalance was under way and committed past without reaching keylane's stream. Two
-faust-streaming 0.15.3 behaviours can do that: Stream.__aiter__ acks the records it skips
-during a rebalance (even on a noack() stream), and the fetcher turns an offset jump into a
-committable gap (Consumer._add_gap). When this passes, rename it to
-tests/integration/test_rebalance.py."""
+This lost 1-3 of 96 events before the offset ledger (service/runtime/offsets.py): a record
+fetched before a rebalance was dropped from Faust's buffers, the partition (with nothing
+committed yet) was not sought back, and Faust committed past it."""
 
 from __future__ import annotations
 

@@ -1,0 +1,64 @@
+"""A lane window that fills pauses fetching for its partition only; resumed, the partition is
+read again from the next expected offset, and nothing is lost, duplicated or reordered."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from service.catalog import EVENTS, OUTPUT, Catalog
+from service.config import Settings
+from service.wire import AgentEnvelope, encode
+from tests.integration.test_redelivery import by_id, metric
+from tests.integration.test_worker import free_port
+from tests.kafka_io import produce, wait_for_records
+from tests.processes import KeylaneProcess, process_env, running
+
+pytestmark = pytest.mark.kafka
+
+KEYS = [f"hot-{i}".encode() for i in range(6)]
+EVENTS_PER_KEY = 40
+
+
+async def test_full_windows_pause_partitions_and_every_event_still_runs_in_order(
+    settings: Settings, catalog: Catalog, tmp_path: Path
+) -> None:
+    port = free_port()
+    env = process_env(
+        settings,
+        LLM_LEDGER=str(tmp_path / "llm.jsonl"),
+        FAKE_LLM_LATENCY_MS="5",
+        KEYLANE_METRICS_PORT=str(port),
+    )
+    worker = KeylaneProcess(
+        ["worker", "--agent", "tests.agents.flow:remember", "--config", "tests.agents.flow:narrow"],
+        env,
+        tmp_path / "worker.log",
+    )
+    events = [
+        (key, encode(AgentEnvelope(payload=f"{key.decode()}-e{i}")))
+        for i in range(EVENTS_PER_KEY)
+        for key in KEYS
+    ]
+    total = len(events)
+
+    with running(worker):
+        await produce(settings, catalog.name(EVENTS), events)
+        records = await wait_for_records(
+            settings, catalog.name(OUTPUT), lambda rs: len(by_id(rs)) == total, timeout_s=120
+        )
+        pauses = await metric(port, "keylane_partition_pauses_total")
+
+    assert pauses >= 1, "a window of 16 with 40 events per key must have filled"
+    seen: dict[str, list[int]] = defaultdict(list)
+    for values in by_id(records).values():
+        assert len(values) == 1
+        output = json.loads(next(iter(values)))
+        index = int(output["event"].rsplit("-e", 1)[1])
+        assert output["seq"] == index, f"events ran in offset order: {output}"
+        assert output["ring"][-1] == output["event"]
+        seen[output["key"]].append(index)
+    assert {k: sorted(v) for k, v in seen.items()} == {k.decode(): list(range(EVENTS_PER_KEY)) for k in KEYS}
