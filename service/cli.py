@@ -106,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODULE:ATTRIBUTE",
         help="its AgentConfig (default: the agent module's 'config', else the defaults)",
     )
+    worker.add_argument(
+        "--provider",
+        metavar="URL",
+        help="the model provider, e.g. openai+http://127.0.0.1:8000/v1?model=qwen "
+        "(overrides KEYLANE_PROVIDER and the config's provider_factory; see docs/providers.md)",
+    )
     worker.set_defaults(handler=_worker)
 
     effector = commands.add_parser(
@@ -167,6 +173,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         app_id=getattr(args, "app_id", None),
         data_dir=getattr(args, "data_dir", None),
         metrics_port=getattr(args, "metrics_port", None),
+        provider=getattr(args, "provider", None),
     )
 
 

@@ -62,6 +62,10 @@ class Settings:
     """Consumer-group session timeout: how long a crashed worker keeps its partitions before
     the group moves them (KEYLANE_SESSION_TIMEOUT_S; the broker's minimum is 6)."""
 
+    provider: str = ""
+    """The worker's model provider as a URL, replacing the agent config's provider_factory
+    (KEYLANE_PROVIDER; see docs/providers.md). Empty: the agent config decides."""
+
     def __post_init__(self) -> None:
         servers = [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()]
         if not servers or not all(_HOST_PORT.match(s) for s in servers):
@@ -130,6 +134,7 @@ class Settings:
             ("KEYLANE_SIGNING_KEYS", "signing_keys"),
             ("KEYLANE_INTENT_SIGNATURES", "intent_signatures"),
             ("KEYLANE_APPROVAL_SIGNATURES", "approval_signatures"),
+            ("KEYLANE_PROVIDER", "provider"),
         ):
             if env.get(variable):
                 values[name] = env[variable]

@@ -61,8 +61,20 @@ RATE_LIMIT_WAIT_MS = Histogram(
     "Time a provider call waited for its key's or the worker's rate limit.",
     buckets=_MS_BUCKETS,
 )
-TOKENS = Histogram(
-    "keylane_tokens", "Tokens per provider call (prompt + completion).", buckets=_TOKEN_BUCKETS
+TOKENS_PER_CALL = Histogram(
+    "keylane_tokens_per_call",
+    "Tokens per provider call (prompt + completion), as the provider reported them.",
+    buckets=_TOKEN_BUCKETS,
+)
+PROMPT_TOKENS = Counter("keylane_prompt_tokens", "Prompt tokens the provider reported.")
+COMPLETION_TOKENS = Counter("keylane_completion_tokens", "Completion tokens the provider reported.")
+TOKENS = Counter("keylane_tokens", "Prompt + completion tokens the provider reported.")
+LLM_ERRORS = Counter(
+    "keylane_llm_errors", "Provider calls that failed after retries, by error class.", ["error"]
+)
+LLM_RETRIES = Counter("keylane_llm_retries", "Provider attempts retried, by error class.", ["error"])
+LLM_BREAKER_OPEN = Gauge(
+    "keylane_llm_breaker_open", "1 while the provider's circuit breaker is open or half-open, else 0."
 )
 
 IN_FLIGHT = Gauge("keylane_in_flight", "Records being processed now, per partition.", ["partition"])

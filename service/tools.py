@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from service.errors import KeylaneError
@@ -36,12 +36,20 @@ class UnknownTool(KeylaneError):
 
 @dataclass(frozen=True, kw_only=True)
 class ToolSpec:
-    """A registered tool. ``timeout_s`` bounds one execution (None: the caller's default)."""
+    """A registered tool. ``timeout_s`` bounds one execution (None: the caller's default);
+    ``description`` and ``parameters`` (a JSON Schema of its argument object) are what a
+    model is shown when the tool is offered to it (ToolLoop)."""
 
     name: str
     fn: ToolFn
     side_effect: bool
     timeout_s: float | None = None
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
+
+    def schema(self) -> dict[str, Any]:
+        """The provider-neutral tool definition: name, description, parameters."""
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
 
     async def execute(self, args: Any, *, in_thread: bool = False) -> Any:
         """Run the tool on decoded JSON arguments; awaits coroutine tools.
@@ -64,10 +72,25 @@ class ToolRegistry:
         self._tools: dict[str, ToolSpec] = {}
 
     def register(
-        self, name: str, fn: ToolFn, *, side_effect: bool = False, timeout_s: float | None = None
+        self,
+        name: str,
+        fn: ToolFn,
+        *,
+        side_effect: bool = False,
+        timeout_s: float | None = None,
+        description: str | None = None,
+        parameters: dict[str, Any] | None = None,
     ) -> ToolSpec:
-        """Register ``fn`` under ``name``; re-registering a name replaces it."""
-        spec = ToolSpec(name=name, fn=fn, side_effect=side_effect, timeout_s=timeout_s)
+        """Register ``fn`` under ``name``; re-registering a name replaces it. The description
+        defaults to the function's docstring."""
+        spec = ToolSpec(
+            name=name,
+            fn=fn,
+            side_effect=side_effect,
+            timeout_s=timeout_s,
+            description=description if description is not None else inspect.cleandoc(fn.__doc__ or ""),
+            parameters=parameters if parameters is not None else {"type": "object"},
+        )
         self._tools[name] = spec
         return spec
 
@@ -91,12 +114,23 @@ def tool(
     side_effect: bool = False,
     timeout_s: float | None = None,
     registry: ToolRegistry | None = None,
+    description: str | None = None,
+    parameters: dict[str, Any] | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function as a tool. A side-effect tool's returned wrapper
-    raises SideEffectOutsideIntent when called; the registry keeps the real function."""
+    raises SideEffectOutsideIntent when called; the registry keeps the real function.
+    ``description`` (default: the docstring) and ``parameters`` (a JSON Schema) describe it
+    to a model."""
 
     def decorate(fn: F) -> F:
-        (registry or default_registry).register(name, fn, side_effect=side_effect, timeout_s=timeout_s)
+        (registry or default_registry).register(
+            name,
+            fn,
+            side_effect=side_effect,
+            timeout_s=timeout_s,
+            description=description,
+            parameters=parameters,
+        )
         if not side_effect:
             return fn
 

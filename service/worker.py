@@ -11,11 +11,15 @@ from typing import IO
 import faust
 import prometheus_client
 
+from service import metrics
 from service.app import build_app
 from service.catalog import INTENTS, Catalog
 from service.config import Settings
 from service.effector.service import Effector
 from service.errors import ConfigError, TopicDrift
+from service.llm.provider_config import parse_provider_url
+from service.llm.resilience import BreakerState, ResilientProvider
+from service.llm.types import ProviderError
 from service.loader import import_module, load_agent
 from service.runtime.activation import KeyRuntime
 from service.runtime.processor import AgentProcessor
@@ -62,11 +66,13 @@ def serve_metrics(port: int) -> None:
 def run_worker(settings: Settings, catalog: Catalog, *, agent_ref: str, config_ref: str | None) -> int:
     """Run one agent until a signal; returns the exit code."""
     agent, config = load_agent(agent_ref, config_ref)
+    provider = provider_from_url(settings.provider) if settings.provider else None
     asyncio.run(verify_topics(settings, catalog))
     app = build_app(settings, catalog)
     runtime = KeyRuntime(
         agent,
         config,
+        provider=provider,
         keyring=settings.keyring(),
         approval_signatures=parse_mode(settings.approval_signatures, "KEYLANE_APPROVAL_SIGNATURES"),
     )
@@ -77,6 +83,21 @@ def run_worker(settings: Settings, catalog: Catalog, *, agent_ref: str, config_r
         )
     log.info("keylane worker %s running %s on %s", settings.app_id, agent_ref, settings.bootstrap_servers)
     return _run(app, settings)
+
+
+def provider_from_url(url: str) -> ResilientProvider:
+    """The provider a URL names, with its retries and breaker reported as metrics."""
+    provider_settings = parse_provider_url(url)
+    log.info("model provider: %s", provider_settings.redacted())
+
+    def retried(error: ProviderError, delay_s: float) -> None:
+        metrics.LLM_RETRIES.labels(type(error).__name__).inc()
+
+    def breaker_moved(old: BreakerState, new: BreakerState) -> None:
+        metrics.LLM_BREAKER_OPEN.set(0 if new == "closed" else 1)
+        log.warning("provider circuit breaker %s -> %s", old, new)
+
+    return provider_settings.build(on_retry=retried, on_state_change=breaker_moved)
 
 
 def run_effector(

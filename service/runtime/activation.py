@@ -30,11 +30,12 @@ from msgspec.structs import replace as struct_replace
 from service import metrics
 from service.catalog import APPROVAL_REQUESTS, EVENTS, EVENTS_SHARDED, INTENTS, OUTPUT, RESULTS, TIMERS
 from service.llm.replay_cache import ReplayCache
+from service.llm.resilience import CALL_DEADLINE
 from service.llm.types import Provider
 from service.records import Emit, InputRecord, error_emit
 from service.runtime import ids
 from service.runtime.api import AgentConfig, AgentFn, Complete, Suspend
-from service.runtime.context import ActivationContext
+from service.runtime.context import ActivationContext, BudgetExceeded
 from service.runtime.hitl import Deny, Escalate, FallbackContext, TimeoutDecision
 from service.runtime.memory import Memory
 from service.runtime.ratelimit import ProviderLimiter
@@ -265,6 +266,7 @@ class KeyRuntime:
             _step_index=cont.step_index if cont is not None else 0,
             _provider=self.provider,
             _limiter=self.limiter,
+            _token_budget=self.config.max_tokens_per_activation,
             _cache=ReplayCache(state.llm_cache),
             _tools=self.config.tools,
             _intent_ttl_ms=self.config.hitl_policy.intent_ttl_ms,
@@ -272,9 +274,15 @@ class KeyRuntime:
         )
         started = time.perf_counter()
         timeout_s = self.config.activation_timeout_s
+        # Provider retries never wait past the activation's own deadline.
+        deadline_token = CALL_DEADLINE.set(time.monotonic() + timeout_s)
         try:
             async with asyncio.timeout(timeout_s) as deadline:
                 outcome = await self.agent(ctx)
+                ctx.check_budget()  # an agent that caught BudgetExceeded still does not commit
+        except BudgetExceeded as exc:
+            metrics.ACTIVATION_MS.observe((time.perf_counter() - started) * 1000)
+            raise ActivationFailed("budget_exceeded", str(exc)) from None
         except TimeoutError:
             metrics.ACTIVATION_MS.observe((time.perf_counter() - started) * 1000)
             if deadline.expired():
@@ -287,6 +295,8 @@ class KeyRuntime:
         except Exception as exc:
             metrics.ACTIVATION_MS.observe((time.perf_counter() - started) * 1000)
             raise ActivationFailed("activation_error", f"{exc!r} failed_at_step={ctx.step_index}") from exc
+        finally:
+            CALL_DEADLINE.reset(deadline_token)
         if not isinstance(outcome, Complete | Suspend):
             raise ActivationFailed(
                 "activation_error", f"agent returned {type(outcome).__name__}, expected Complete or Suspend"
@@ -345,7 +355,6 @@ class KeyRuntime:
         metrics.ACTIVATION_MS.observe(wall_ms)
         metrics.OVERHEAD_MS.observe(max(0.0, wall_ms - ctx.stats.llm_ms - ctx.stats.tool_ms))
         metrics.MEMORY_BYTES.observe(ctx.memory.total_bytes)
-        metrics.LLM_CACHE_HITS.inc(ctx.stats.cache_hits)
         metrics.TOOL_CALLS.inc(ctx.stats.tool_calls)
         if soft_cap_hit:
             metrics.MEMORY_SOFT_CAP_WARNINGS.inc()

@@ -76,7 +76,11 @@ class AgentConfig:
     * ``lanes``: "key" (default) runs different keys of a partition concurrently, each key
       still serially in offset order; "partition" makes the whole partition one serial lane
       (see docs/lanes.md); ``max_in_flight`` bounds concurrent records per partition (and the
-      unacked window that pauses fetching), ``worker_max_in_flight`` per worker.
+      unacked window that pauses fetching), ``worker_max_in_flight`` per worker;
+    * ``max_tokens_per_activation``: prompt + completion tokens one activation may spend,
+      replay-cache hits included (so a replay decides exactly as the first run did);
+      exceeding it fails the activation as ``budget_exceeded`` and changes nothing (None:
+      no budget).
     """
 
     provider_factory: ProviderFactory | None = None
@@ -91,6 +95,7 @@ class AgentConfig:
     lanes: LaneMode = "key"
     max_in_flight: int = 64
     worker_max_in_flight: int = 1024
+    max_tokens_per_activation: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.hitl_policy, HitlPolicy):
@@ -109,5 +114,8 @@ class AgentConfig:
             raise ValueError(f"AgentConfig.lanes must be 'partition' or 'key', got {self.lanes!r}")
         if self.max_in_flight < 1 or self.worker_max_in_flight < 1:
             raise ValueError("AgentConfig.max_in_flight and worker_max_in_flight must be >= 1")
+        if self.max_tokens_per_activation is not None and self.max_tokens_per_activation < 1:
+            budget = self.max_tokens_per_activation
+            raise ValueError(f"AgentConfig.max_tokens_per_activation must be None or >= 1, got {budget}")
         if self.events_while_suspended != "queue":
             raise ValueError("AgentConfig.events_while_suspended supports only 'queue'")

@@ -22,12 +22,16 @@ from service.llm.types import LlmRequest, LlmResponse, Provider, cache_key
 from service.runtime import ids
 from service.runtime.memory import Memory
 from service.runtime.ratelimit import ProviderLimiter
-from service.tools import ToolRegistry, UnknownTool
+from service.tools import ToolRegistry, ToolSpec, UnknownTool
 from service.wire import Approval, ToolIntent, ToolResult
 
 
 class NoProvider(KeylaneError):
     """ctx.call_model was used by an agent configured without a provider_factory."""
+
+
+class BudgetExceeded(KeylaneError):
+    """The activation spent more tokens than AgentConfig.max_tokens_per_activation allows."""
 
 
 class ToolMisuse(KeylaneError):
@@ -50,6 +54,8 @@ class ActivationStats:
     tool_ms: float = 0.0
     llm_calls: int = 0
     cache_hits: int = 0
+    tokens: int = 0
+    """Prompt + completion tokens of every answer this activation got, cache hits included."""
     tool_calls: int = 0
 
 
@@ -76,6 +82,7 @@ class ActivationContext:
     _intent_ttl_ms: int
     _approval_channel: str
     _limiter: ProviderLimiter | None = None
+    _token_budget: int | None = None
     intents: list[ToolIntent] = field(default_factory=list)
     approvals: list[StagedApproval] = field(default_factory=list)
     stats: ActivationStats = field(default_factory=ActivationStats)
@@ -91,12 +98,18 @@ class ActivationContext:
         return self._step_index
 
     async def call_model(self, request: LlmRequest) -> LlmResponse:
-        """Ask the model, answering from the replay cache when this activation asked before."""
+        """Ask the model, answering from the replay cache when this activation asked before.
+
+        Every answer, cached or not, is charged to the activation's token budget; going over
+        it raises BudgetExceeded.
+        """
         self._step_index += 1
         key = cache_key(request, entity_key=self.entity_key, seq=self.seq)
         cached = self._cache.get(key, now_ms=self.now_ms)
         if cached is not None:
             self.stats.cache_hits += 1
+            metrics.LLM_CACHE_HITS.inc()
+            self._charge(cached)
             return cached
         if self._provider is None:
             raise NoProvider("this agent has no provider: pass AgentConfig(provider_factory=...)")
@@ -107,16 +120,36 @@ class ActivationContext:
                 metrics.RATE_LIMIT_WAIT_MS.observe(waited * 1000)
         try:
             response = await self._provider.complete(request)
+        except Exception as exc:
+            metrics.LLM_ERRORS.labels(type(exc).__name__).inc()
+            raise
         finally:
             elapsed_ms = (time.perf_counter() - started) * 1000
             self.stats.llm_ms += elapsed_ms
             self.stats.llm_calls += 1
+            metrics.LLM_CALLS.inc()
             metrics.LLM_MS.observe(elapsed_ms)
         tokens = response.prompt_tokens + response.completion_tokens
         if tokens:
-            metrics.TOKENS.observe(tokens)
+            metrics.TOKENS_PER_CALL.observe(tokens)
+            metrics.TOKENS.inc(tokens)
+            metrics.PROMPT_TOKENS.inc(response.prompt_tokens)
+            metrics.COMPLETION_TOKENS.inc(response.completion_tokens)
         self._cache.put(key, response, now_ms=self.now_ms)
+        self._charge(response)
         return response
+
+    def _charge(self, response: LlmResponse) -> None:
+        self.stats.tokens += response.prompt_tokens + response.completion_tokens
+        self.check_budget()
+
+    def check_budget(self) -> None:
+        """Raise BudgetExceeded when the activation has spent more tokens than its budget."""
+        if self._token_budget is not None and self.stats.tokens > self._token_budget:
+            raise BudgetExceeded(
+                f"activation used {self.stats.tokens} tokens, over its budget of {self._token_budget}"
+                f" (max_tokens_per_activation) at step {self._step_index}"
+            )
 
     def act(self, tool: str, args_json: str, *, ttl_ms: int | None = None) -> str:
         """Stage a side effect for the effector; returns its deterministic intent id.
@@ -136,6 +169,10 @@ class ActivationContext:
         intent = self._stage(channel or self._approval_channel, args_json, ttl_ms)
         self.approvals.append(StagedApproval(intent=intent, channel=channel or self._approval_channel))
         return intent.intent_id
+
+    def tool_spec(self, name: str) -> ToolSpec:
+        """The registered tool ``name`` (UnknownTool if the agent's registry has none)."""
+        return self._tools.get(name)
 
     async def run_tool(self, name: str, args: Any) -> Any:
         """Run a read-only tool inline and return its result."""

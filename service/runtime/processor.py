@@ -170,6 +170,9 @@ class AgentProcessor:
     async def _stop_lanes(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         await self.lanes.stop()
         await self.offsets.close()
+        close_provider = getattr(self.runtime.provider, "aclose", None)
+        if close_provider is not None:
+            await close_provider()  # pooled HTTP connections of a real provider
 
     async def _on_rebalance_complete(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         self._rebuild_timers = True

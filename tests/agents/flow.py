@@ -22,7 +22,7 @@ from service import (
 )
 
 
-def _append(variable: str, line: dict[str, Any]) -> None:
+def append_ledger(variable: str, line: dict[str, Any]) -> None:
     path = Path(os.environ[variable])
     with path.open("a") as ledger:
         ledger.write(json.dumps(line, sort_keys=True) + "\n")
@@ -34,7 +34,7 @@ class LedgeredLLM(FakeLLM):
     """FakeLLM that also records every call that reached it in LLM_LEDGER."""
 
     async def complete(self, request: LlmRequest) -> LlmResponse:
-        _append("LLM_LEDGER", {"messages": request.messages})
+        append_ledger("LLM_LEDGER", {"messages": request.messages})
         return await super().complete(request)
 
 
@@ -46,7 +46,7 @@ def make_provider() -> LedgeredLLM:
 @tool("record_event", side_effect=True)
 def record_event(args: dict[str, Any]) -> dict[str, Any]:
     """The side effect: one ledger line per execution."""
-    _append("TOOL_LEDGER", args)
+    append_ledger("TOOL_LEDGER", args)
     return {"recorded": args["event"]}
 
 

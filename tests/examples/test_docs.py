@@ -1,6 +1,7 @@
 """Every code block in README.md and docs/ is compiled or checked against what it names.
 
-Python blocks are compiled. Shell blocks pass `bash -n`; every `keylane ...` line in them
+Python blocks are compiled, and those of the docs that need no broker (EXECUTED_DOCS) are
+run, each in a fresh namespace. Shell blocks pass `bash -n`; every `keylane ...` line in them
 parses with the real command-line grammar, every `make X` names a Makefile target, and
 every script path they run exists.
 """
@@ -51,6 +52,8 @@ def makefile_targets() -> set[str]:
 
 SHELL_BLOCKS = blocks({"bash", "sh", "shell"})
 PYTHON_BLOCKS = blocks({"python"})
+EXECUTED_DOCS = ("docs/providers.md#",)
+EXECUTED_BLOCKS = [(where, code) for where, code in PYTHON_BLOCKS if where.startswith(EXECUTED_DOCS)]
 
 
 def test_docs_have_code_blocks() -> None:
@@ -60,6 +63,11 @@ def test_docs_have_code_blocks() -> None:
 def test_python_blocks_compile() -> None:
     for where, code in PYTHON_BLOCKS:
         compile(code, where, "exec")
+
+
+@pytest.mark.parametrize(("where", "code"), EXECUTED_BLOCKS, ids=[w for w, _ in EXECUTED_BLOCKS])
+def test_offline_python_blocks_run(where: str, code: str) -> None:
+    exec(compile(code, where, "exec"), {"__name__": "docs_block"})  # noqa: S102 - our own docs
 
 
 @pytest.mark.parametrize(("where", "script"), SHELL_BLOCKS, ids=[w for w, _ in SHELL_BLOCKS])

@@ -51,6 +51,20 @@ def test_every_subcommand_has_help(words: list[str], capsys: pytest.CaptureFixtu
         (["topics", "check", "--bootstrap-servers", "not-an-address"], "are not host:port"),
         (["topics", "check", "--bootstrap-servers", "127.0.0.1:1"], "cannot reach Kafka at 127.0.0.1:1"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (
+            ["worker", "--agent", "tests.agents.flow:remember", "--provider", "opnai+http://h/v1?model=m"],
+            "unknown scheme 'opnai+http'",
+        ),
+        (
+            [
+                "worker",
+                "--agent",
+                "tests.agents.flow:remember",
+                "--provider",
+                "openai+http://h/v1?api_key=sk-1",
+            ],
+            "an API key must not be written in the URL",
+        ),
     ],
 )
 def test_operator_errors_are_one_line_without_traceback(args: list[str], expected: str) -> None:

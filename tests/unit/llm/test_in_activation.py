@@ -1,0 +1,76 @@
+"""Real providers inside an activation: failures become error records that keep the event,
+retries stop at the activation's deadline, and token counts reach the metrics."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+from prometheus_client import REGISTRY
+
+from service import ActivationContext, AgentConfig, Complete, LlmRequest
+from service.llm.openai import OpenAIProvider
+from service.llm.resilience import ResilientProvider, RetryPolicy
+from service.testing import AgentHarness
+from service.wire import AgentEnvelope, encode
+from tests.llm_servers import FakeOpenAIServer
+
+
+async def ask(ctx: ActivationContext) -> Complete:
+    response = await ctx.call_model(LlmRequest(model_id="", messages=[{"role": "user", "content": "hi"}]))
+    return Complete(response.turn().text.encode())
+
+
+def sample(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+async def test_a_malformed_body_fails_the_activation_and_keeps_the_event(
+    openai_server: FakeOpenAIServer, openai: OpenAIProvider
+) -> None:
+    openai_server.reply(body=b"<html>bad gateway</html>")
+    h = AgentHarness(ask, AgentConfig(), provider=openai)
+    await h.send_event(b"k", "hello")
+    [error] = h.errors()
+    assert error.reason == "activation_error"
+    assert "ProviderRequestError" in error.detail and "not valid JSON" in error.detail
+    assert base64.b64decode(error.raw_value_b64 or "") == encode(AgentEnvelope(payload="hello"))
+    assert h.state(b"k").seq == 0, "nothing committed: a redelivery tries again"
+
+
+async def test_token_counts_and_calls_reach_the_metrics(
+    openai_server: FakeOpenAIServer, openai: OpenAIProvider
+) -> None:
+    before = {
+        name: sample(name)
+        for name in (
+            "keylane_prompt_tokens_total",
+            "keylane_completion_tokens_total",
+            "keylane_tokens_total",
+            "keylane_llm_calls_total",
+            "keylane_llm_cache_hits_total",
+        )
+    }
+    openai_server.reply_text("hello back", prompt_tokens=12, completion_tokens=3)
+    h = AgentHarness(ask, AgentConfig(), provider=openai)
+    await h.send_event(b"k", "hello")
+    assert h.outputs() == [(b"k", b"hello back")]
+    assert sample("keylane_prompt_tokens_total") - before["keylane_prompt_tokens_total"] == 12
+    assert sample("keylane_completion_tokens_total") - before["keylane_completion_tokens_total"] == 3
+    assert sample("keylane_tokens_total") - before["keylane_tokens_total"] == 15
+    assert sample("keylane_llm_calls_total") - before["keylane_llm_calls_total"] == 1
+    assert sample("keylane_llm_cache_hits_total") == before["keylane_llm_cache_hits_total"]
+
+
+async def test_retries_never_wait_past_the_activation_deadline(
+    openai_server: FakeOpenAIServer, openai: OpenAIProvider
+) -> None:
+    openai_server.reply_error(429, "slow down", headers={"retry-after": "20"}, always=True)
+    provider = ResilientProvider(openai, retry=RetryPolicy(max_attempts=5))
+    h = AgentHarness(ask, AgentConfig(activation_timeout_s=2.0), provider=provider)
+    started = time.monotonic()
+    await h.send_event(b"k", "hello")
+    assert time.monotonic() - started < 1.5, "gave up at once instead of sleeping 20 s"
+    [error] = h.errors()
+    assert error.reason == "activation_error" and "RateLimitError" in error.detail
+    assert openai_server.count == 1
