@@ -83,6 +83,11 @@ LANE_QUEUE_DEPTH = Gauge(
     "Records waiting for their lane (a busy key shows here), per partition.",
     ["partition"],
 )
+RECORDS_ABANDONED = Counter(
+    "keylane_records_abandoned",
+    "Records given up on a revocation (not started, or cancelled after the grace period); "
+    "the partition's next owner runs them.",
+)
 PARTITION_PAUSES = Counter(
     "keylane_partition_pauses",
     "Times fetching stopped for a topic-partition whose lane window was full.",

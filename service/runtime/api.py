@@ -77,6 +77,9 @@ class AgentConfig:
       still serially in offset order; "partition" makes the whole partition one serial lane
       (see docs/lanes.md); ``max_in_flight`` bounds concurrent records per partition (and the
       unacked window that pauses fetching), ``worker_max_in_flight`` per worker;
+    * ``rebalance_grace_s``: when the worker loses its partitions, activations still running
+      get this long to finish; then they are cancelled and, with the records not started
+      yet, left uncommitted for the partitions' next owner;
     * ``max_tokens_per_activation``: prompt + completion tokens one activation may spend,
       replay-cache hits included (so a replay decides exactly as the first run did);
       exceeding it fails the activation as ``budget_exceeded`` and changes nothing (None:
@@ -95,6 +98,7 @@ class AgentConfig:
     lanes: LaneMode = "key"
     max_in_flight: int = 64
     worker_max_in_flight: int = 1024
+    rebalance_grace_s: float = 10.0
     max_tokens_per_activation: int | None = None
 
     def __post_init__(self) -> None:
@@ -114,6 +118,8 @@ class AgentConfig:
             raise ValueError(f"AgentConfig.lanes must be 'partition' or 'key', got {self.lanes!r}")
         if self.max_in_flight < 1 or self.worker_max_in_flight < 1:
             raise ValueError("AgentConfig.max_in_flight and worker_max_in_flight must be >= 1")
+        if self.rebalance_grace_s < 0:
+            raise ValueError(f"AgentConfig.rebalance_grace_s must be >= 0, got {self.rebalance_grace_s}")
         if self.max_tokens_per_activation is not None and self.max_tokens_per_activation < 1:
             budget = self.max_tokens_per_activation
             raise ValueError(f"AgentConfig.max_tokens_per_activation must be None or >= 1, got {budget}")

@@ -57,6 +57,7 @@ def expected_partition(key: bytes, partitions: int) -> int:
 
 
 _GUARD_ATTR = "_keylane_offset_guard"
+REBALANCE_GRACE_S = 10.0
 RESEEK_AFTER_S = 5.0
 PROBE_TIMEOUT_MS = 5000
 
@@ -68,6 +69,9 @@ class OffsetGuard:
         self.app = app
         self.ledger = OffsetLedger()
         self.topics: set[str] = set()
+        self.lanes: list[LaneScheduler] = []
+        self.grace_s = REBALANCE_GRACE_S
+        """How long running activations may go on after a revocation before they are cancelled."""
         self._sought: dict[tuple[str, int], tuple[int, float]] = {}
         self._probe: AIOKafkaConsumer | None = None
         self._seeks: set[asyncio.Task[None]] = set()
@@ -90,6 +94,17 @@ class OffsetGuard:
             self.ledger.assigned((tp.topic, tp.partition), start)
             self._sought.pop((tp.topic, tp.partition), None)
         log.info("positioned %s input partitions at their committed offsets", len(tps))
+
+    async def revoke_lanes(self) -> None:
+        """On revocation: stop dispatching, let running work finish within the grace period,
+        abandon the rest (released to Faust, never committed: the next owner runs it)."""
+        abandoned = sum(await asyncio.gather(*(lanes.revoke(self.grace_s) for lanes in self.lanes)))
+        if abandoned:
+            log.info("revocation abandoned %s records to the partitions' next owner", abandoned)
+
+    def resume_lanes(self) -> None:
+        for lanes in self.lanes:
+            lanes.resume()
 
     def pause(self, topic: str, partition: int) -> None:
         """Stop fetching a topic-partition whose lane window is full."""
@@ -197,11 +212,20 @@ def _wrap_faust_consumer() -> None:
             await guard.position(self)
 
     async def revoke_from_ledger(self: Any, revoked: Any) -> None:
-        await on_partitions_revoked(self, revoked)
         guard = _guard_of(self)
-        if guard is not None:
+        if guard is None or not any(guard.governs(tp.topic) for tp in revoked):
+            await on_partitions_revoked(self, revoked)
+            return
+        # Faust waits for every record it handed out to be acked; the lanes settle them all
+        # (finished, or released after the grace period) while it waits.
+        revoking = asyncio.ensure_future(guard.revoke_lanes())
+        try:
+            await on_partitions_revoked(self, revoked)
+            await revoking
+        finally:
             for tp in revoked:
                 guard.ledger.revoked((tp.topic, tp.partition))
+            guard.resume_lanes()
 
     def ledger_offset(self: Any, tp: Any) -> int | None:
         guard = _guard_of(self)
@@ -227,6 +251,8 @@ async def feed_lanes(stream: Any, lanes: LaneScheduler, handle: Callable[[Any], 
     guard: OffsetGuard | None = getattr(stream.app, _GUARD_ATTR, None)
     if guard is not None:
         lanes.set_window_hooks(guard.window_hooks)  # pause a full partition, not the dispatcher
+        if lanes not in guard.lanes:
+            guard.lanes.append(lanes)  # revocations settle its records
     async for event in stream.noack().events():
         message = event.message
         tp = (message.topic, message.partition)
@@ -247,6 +273,9 @@ async def feed_lanes(stream: Any, lanes: LaneScheduler, handle: Callable[[Any], 
                 guard.ledger.finished(tp, event.message.offset)
             await stream.ack(event)
 
+        async def release(event: Any = event) -> None:
+            await stream.ack(event)  # Faust's bookkeeping only: the ledger never commits it
+
         await lanes.submit(
-            LaneRecord(message.topic, message.partition, message.offset, message.key), work, ack
+            LaneRecord(message.topic, message.partition, message.offset, message.key), work, ack, release
         )

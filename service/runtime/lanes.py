@@ -54,9 +54,20 @@ class LaneRecord:
 class LaneScheduler(Protocol):
     """Runs each record's work in its lane, then acks records in offset order per topic-partition."""
 
-    async def submit(self, record: LaneRecord, work: Job, ack: Job) -> None:
+    async def submit(self, record: LaneRecord, work: Job, ack: Job, release: Job | None = None) -> None:
         """Queue a record. While its topic-partition's window of unacked records is full it
-        waits, unless window hooks pause that partition instead."""
+        waits, unless window hooks pause that partition instead. ``ack`` runs once the record
+        and every earlier one have finished; ``release`` instead, in the same order, when the
+        record was abandoned by ``revoke``."""
+        ...
+
+    async def revoke(self, grace_s: float) -> int:
+        """Stop starting records, give running ones ``grace_s`` to finish, cancel the rest;
+        returns how many records were abandoned (released, not acked)."""
+        ...
+
+    def resume(self) -> None:
+        """Start records again after a revocation."""
         ...
 
     async def stop(self) -> None:
@@ -86,30 +97,36 @@ class _AckWindow:
 
     def __init__(self, tp: tuple[str, int]) -> None:
         self.tp = tp
-        self.pending: OrderedDict[int, tuple[bool, Job]] = OrderedDict()
+        self.pending: OrderedDict[int, tuple[bool | None, Job, Job]] = OrderedDict()
         self.lock = asyncio.Lock()
         self.room = asyncio.Event()
         self.room.set()
         self.paused = False
+        self.empty = asyncio.Event()
+        self.empty.set()
         self._tickets = 0
 
-    def add(self, ack: Job) -> int:
+    def add(self, ack: Job, release: Job) -> int:
         self._tickets += 1
-        self.pending[self._tickets] = (False, ack)
+        self.pending[self._tickets] = (None, ack, release)
+        self.empty.clear()
         return self._tickets
 
-    async def complete(self, ticket: int) -> None:
-        """Mark ``ticket`` finished and ack the finished prefix, in order."""
-        _, ack = self.pending[ticket]
-        self.pending[ticket] = (True, ack)
+    async def complete(self, ticket: int, *, finished: bool = True) -> None:
+        """Mark ``ticket`` finished (or abandoned), then ack (or release) the settled prefix,
+        in order."""
+        _, ack, release = self.pending[ticket]
+        self.pending[ticket] = (finished, ack, release)
         async with self.lock:  # one acker at a time keeps acks in offset order
             while self.pending:
                 head = next(iter(self.pending))
-                done, head_ack = self.pending[head]
-                if not done:
+                outcome, head_ack, head_release = self.pending[head]
+                if outcome is None:
                     break
                 del self.pending[head]
-                await head_ack()
+                await (head_ack() if outcome else head_release())
+            if not self.pending:
+                self.empty.set()
 
 
 @dataclass
@@ -121,7 +138,7 @@ class _Flow:
     windows: dict[tuple[str, int], _AckWindow] = field(default_factory=dict)
     hooks: WindowHooks | None = None
 
-    async def admit(self, record: LaneRecord, ack: Job) -> tuple[_AckWindow, int]:
+    async def admit(self, record: LaneRecord, ack: Job, release: Job) -> tuple[_AckWindow, int]:
         tp = (record.topic, record.partition)
         window = self.windows.get(tp)
         if window is None:
@@ -135,7 +152,7 @@ class _Flow:
                 while len(window.pending) >= self.window:
                     window.room.clear()
                     await window.room.wait()
-        return window, window.add(ack)
+        return window, window.add(ack, release)
 
     def drained(self, window: _AckWindow) -> None:
         if len(window.pending) <= self.window // 2:
@@ -146,11 +163,73 @@ class _Flow:
                     self.hooks.room(*window.tp)
 
 
+async def _nothing() -> None:
+    return None
+
+
+Item = tuple[int, Job, _AckWindow, float]
+"""A queued record: its window ticket, its work, its window, when it was queued."""
+
+
 class _SchedulerBase:
-    """What both schedulers share: the flow windows, and failing fast."""
+    """What both schedulers share: the flow windows, running one record, failing fast, and
+    abandoning work on revocation."""
 
     _flow: _Flow
     failure: BaseException | None = None
+    _abandoning: bool = False
+    _abandoned: int = 0
+    _running: set[asyncio.Task[None]]
+
+    async def revoke(self, grace_s: float) -> int:
+        """Stop starting records, give the running ones ``grace_s`` to finish, cancel the rest.
+
+        Every record that did not finish is released instead of acked, in offset order, so
+        its offset is never committed and the partition's next owner runs it. Records
+        submitted while this runs are released too; call ``resume`` once the revocation is
+        over."""
+        self._abandoning = True
+        self._abandoned = 0
+        running = set(self._running)
+        if running:
+            _, late = await asyncio.wait(running, timeout=grace_s)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+                log.warning("revoked: cancelled %s activations still running after %ss", len(late), grace_s)
+        for window in list(self._flow.windows.values()):
+            await window.empty.wait()  # lane tasks release what they hold, without running it
+        return self._abandoned
+
+    def resume(self) -> None:
+        """Start records again after a revocation."""
+        self._abandoning = False
+
+    async def _process(self, item: Item, label: str, lane: object) -> bool:
+        """Run one record unless the scheduler is abandoning work; settle it in its window.
+        Returns whether it finished."""
+        ticket, work, window, queued_at = item
+        finished = False
+        if not self._abandoning:
+            task = asyncio.ensure_future(self.execute(work, queued_at, label, lane=lane))
+            self._running.add(task)
+            try:
+                await task
+                finished = True
+            except asyncio.CancelledError:
+                if not (task.cancelled() and self._abandoning):
+                    raise  # the lane itself is being cancelled
+            finally:
+                self._running.discard(task)
+        else:
+            metrics.LANE_QUEUE_DEPTH.labels(label).dec()
+        if not finished:
+            self._abandoned += 1
+            metrics.RECORDS_ABANDONED.inc()
+        await window.complete(ticket, finished=finished)
+        self._flow.drained(window)
+        return finished
 
     def set_window_hooks(self, hooks: WindowHooks) -> None:
         """Pause and resume topic-partitions through ``hooks`` instead of blocking ``submit``."""
@@ -182,12 +261,13 @@ class PartitionLanes(_SchedulerBase):
 
     def __init__(self, *, window: int = 256) -> None:
         self._flow = _Flow(window)
-        self._queues: dict[int, asyncio.Queue[tuple[int, Job, _AckWindow, float] | None]] = {}
+        self._queues: dict[int, asyncio.Queue[Item | None]] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._running = set()
 
-    async def submit(self, record: LaneRecord, work: Job, ack: Job) -> None:
+    async def submit(self, record: LaneRecord, work: Job, ack: Job, release: Job | None = None) -> None:
         self.check()
-        window, ticket = await self._flow.admit(record, ack)
+        window, ticket = await self._flow.admit(record, ack, release or _nothing)
         queue = self._queues.get(record.partition)
         if queue is None:
             queue = self._queues[record.partition] = asyncio.Queue()
@@ -195,18 +275,13 @@ class PartitionLanes(_SchedulerBase):
         metrics.LANE_QUEUE_DEPTH.labels(str(record.partition)).inc()
         queue.put_nowait((ticket, work, window, time.perf_counter()))
 
-    async def _run(
-        self, partition: int, queue: asyncio.Queue[tuple[int, Job, _AckWindow, float] | None]
-    ) -> None:
+    async def _run(self, partition: int, queue: asyncio.Queue[Item | None]) -> None:
         label = str(partition)
         while True:
             item = await queue.get()
             if item is None:
                 return
-            ticket, work, window, queued_at = item
-            await self.execute(work, queued_at, label, lane=partition)
-            await window.complete(ticket)
-            self._flow.drained(window)
+            await self._process(item, label, partition)
 
     async def stop(self) -> None:
         for queue in self._queues.values():
@@ -234,12 +309,13 @@ class KeyLanes(_SchedulerBase):
         self._flow = _Flow(window or WINDOW_PER_IN_FLIGHT * max_in_flight)
         self._worker_slots = asyncio.Semaphore(worker_max_in_flight)
         self._partition_slots: dict[int, asyncio.Semaphore] = {}
-        self._lanes: dict[tuple[int, bytes], deque[tuple[int, Job, _AckWindow, float]]] = {}
+        self._lanes: dict[tuple[int, bytes], deque[Item]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._running = set()
 
-    async def submit(self, record: LaneRecord, work: Job, ack: Job) -> None:
+    async def submit(self, record: LaneRecord, work: Job, ack: Job, release: Job | None = None) -> None:
         self.check()
-        window, ticket = await self._flow.admit(record, ack)
+        window, ticket = await self._flow.admit(record, ack, release or _nothing)
         lane_id = (record.partition, record.key or b"")
         lane = self._lanes.get(lane_id)
         item = (ticket, work, window, time.perf_counter())
@@ -260,12 +336,9 @@ class KeyLanes(_SchedulerBase):
             slots = self._partition_slots[partition] = asyncio.Semaphore(self.max_in_flight)
         lane = self._lanes[lane_id]
         while lane:
-            ticket, work, window, queued_at = lane[0]
             async with slots, self._worker_slots:
-                await self.execute(work, queued_at, label, lane=lane_id)
+                await self._process(lane[0], label, lane_id)
             lane.popleft()
-            await window.complete(ticket)
-            self._flow.drained(window)
         del self._lanes[lane_id]
 
     async def stop(self) -> None:

@@ -133,6 +133,7 @@ class AgentProcessor:
         self.logical_by_name = {catalog.name(t): t for t in (events, RESULTS, APPROVALS, TIMERS)}
         self.inputs = app.topic(*self.logical_by_name, **_RAW)
         self.offsets = guard_offsets(app, self.logical_by_name)
+        self.offsets.grace_s = runtime.config.rebalance_grace_s
         self._reroute_topics = {name: raw_topic(app, name) for name in self.logical_by_name}
         # key_type/value_type bytes make Faust use the raw codec for both.
         self.table = app.Table(

@@ -54,6 +54,7 @@ config = AgentConfig(provider_factory=make_provider)
 sharded2 = AgentConfig(provider_factory=make_provider, shards=2)
 sharded4 = AgentConfig(provider_factory=make_provider, shards=4)
 narrow = AgentConfig(provider_factory=make_provider, max_in_flight=1)  # a window of 16 records
+impatient = AgentConfig(provider_factory=make_provider, rebalance_grace_s=1.0)
 
 
 async def remember(ctx: ActivationContext) -> Complete:

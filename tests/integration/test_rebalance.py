@@ -74,3 +74,48 @@ async def test_scaling_1_2_1_keeps_every_guarantee(
         "Revoking previously assigned partitions" in second.log() or "Setting newly assigned" in second.log()
     )
     assert_exactly_once_in_effect(outputs, payloads, ledger)
+
+
+async def test_activations_past_the_grace_period_are_abandoned_to_the_next_owner(
+    settings: Settings, catalog: Catalog, tmp_path: Path
+) -> None:
+    """Every activation takes 6 s; the grace period is 1 s. When a second worker joins, the
+    first cancels what is still running instead of holding the rebalance for 6 s, commits
+    none of it, and the events run to one output each anyway."""
+    ledger = tmp_path / "tools.jsonl"
+    llm_ledger = tmp_path / "llm.jsonl"
+    env = process_env(
+        settings, TOOL_LEDGER=str(ledger), LLM_LEDGER=str(llm_ledger), FAKE_LLM_LATENCY_MS="6000"
+    )
+    agent = [
+        "worker",
+        "--agent",
+        "tests.agents.flow:act_then_complete",
+        "--config",
+        "tests.agents.flow:impatient",
+    ]
+    first = KeylaneProcess(
+        agent, {**env, "KEYLANE_DATA_DIR": str(tmp_path / "first")}, tmp_path / "first.log"
+    )
+    second = KeylaneProcess(
+        agent, {**env, "KEYLANE_DATA_DIR": str(tmp_path / "second")}, tmp_path / "second.log"
+    )
+    payloads = {key: [f"{key.decode()}-e0"] for key in KEYS}
+
+    with (
+        running(KeylaneProcess(["effector", "--tools", "tests.agents.flow"], env, tmp_path / "effector.log")),
+        running(first),
+    ):
+        await produce(
+            settings, catalog.name(EVENTS), [(k, encode(AgentEnvelope(payload=payloads[k][0]))) for k in KEYS]
+        )
+        await wait_until(
+            lambda: llm_ledger.exists() and llm_ledger.read_text().count("\n") >= len(KEYS),
+            timeout_s=60,
+            what="every event's model call under way",
+        )
+        with running(second):
+            outputs = await outputs_by_id(settings, catalog, len(KEYS), timeout_s=120)
+
+    assert "revoked: cancelled" in first.log(), first.tail()
+    assert_exactly_once_in_effect(outputs, payloads, ledger)

@@ -191,3 +191,45 @@ async def test_a_failing_job_stops_the_scheduler_from_taking_more_work() -> None
 
     with pytest.raises(RuntimeError, match="a lane failed"):
         await lanes.submit(LaneRecord(TOPIC, 0, 1, b"k"), boom, ack)
+
+
+@pytest.mark.parametrize("scheduler", ["key", "partition"])
+async def test_revoke_finishes_within_grace_and_releases_the_rest_in_offset_order(scheduler: str) -> None:
+    lanes = (
+        KeyLanes(max_in_flight=4, worker_max_in_flight=4) if scheduler == "key" else PartitionLanes(window=16)
+    )
+    settled: list[tuple[str, int]] = []
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    async def quick() -> None:
+        await asyncio.sleep(0.01)
+
+    def settle(kind: str, offset: int) -> Callable[[], Awaitable[None]]:
+        async def record() -> None:
+            settled.append((kind, offset))
+
+        return record
+
+    # Partition lanes run 0, 1, 2 of partition 3 serially: 0 runs forever, 1 and 2 wait.
+    # Key lanes run k0 (forever) and k1 (quick) at once; 2 waits behind k0.
+    plan = [(0, b"k0", forever), (1, b"k1", quick), (2, b"k0", quick)]
+    for offset, key, work in plan:
+        await lanes.submit(
+            LaneRecord(TOPIC, 3, offset, key), work, settle("ack", offset), settle("release", offset)
+        )
+    await asyncio.sleep(0.05)
+
+    abandoned = await lanes.revoke(grace_s=0.1)
+
+    if scheduler == "key":
+        assert settled == [("release", 0), ("ack", 1), ("release", 2)], "1 finished within the grace period"
+        assert abandoned == 2
+    else:
+        assert settled == [("release", 0), ("release", 1), ("release", 2)], "nothing after 0 started"
+        assert abandoned == 3
+    lanes.resume()
+    await lanes.submit(LaneRecord(TOPIC, 3, 3, b"k2"), quick, settle("ack", 3), settle("release", 3))
+    await lanes.stop()
+    assert settled[-1] == ("ack", 3), "after resume() records run again"
