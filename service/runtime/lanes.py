@@ -12,11 +12,12 @@ A lane runs one record at a time, in offset order. Two schedulers implement the 
 Either way a record's offset is acked only when it and every earlier record of its
 topic-partition have finished: acks go out in offset order, never past unfinished work
 (Faust's own out-of-order ack handling is not relied on, see faust-streaming issue #606).
-When a topic-partition holds ``window`` unacked records (16 x max_in_flight by default), it
-is paused: with ``WindowHooks`` installed (the Faust glue pauses fetching that partition),
-``submit`` goes on taking the records already fetched and other partitions keep flowing;
-without them ``submit`` waits. Either way it resumes when half the window is done. This
-bounds memory and the work a rebalance waits for.
+When a topic-partition holds ``window`` unacked records (16 x max_in_flight by default),
+``submit`` waits until half of them are done. A window that drains that far within
+HOLD_BEFORE_PAUSE_S is an ordinary full pipeline, and waiting costs nothing; one that does
+not (a hot key, a slow model) would hold every other partition behind it, so with
+``WindowHooks`` installed (the Faust glue pauses fetching that partition) the wait ends
+and the partition is paused instead, until half its window is done.
 
 A job that raises is a keylane bug or fatal state (a corrupt blob): the scheduler stops taking
 work so nothing is acked past it, and the worker crashes and restarts.
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 Job = Callable[[], Awaitable[None]]
 WINDOW_PER_IN_FLIGHT = 16
+HOLD_BEFORE_PAUSE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -131,8 +133,9 @@ class _AckWindow:
 
 @dataclass
 class _Flow:
-    """Windows per topic-partition. A full window is paused: through the hooks when there are
-    any (admission goes on), else by making admission wait. Half drained, it resumes."""
+    """Windows per topic-partition. Admitting to a full window waits until half of it is done;
+    with hooks, a wait longer than HOLD_BEFORE_PAUSE_S pauses the partition instead (admission
+    goes on with what was already fetched). Half drained, it resumes."""
 
     window: int
     windows: dict[tuple[str, int], _AckWindow] = field(default_factory=dict)
@@ -143,15 +146,16 @@ class _Flow:
         window = self.windows.get(tp)
         if window is None:
             window = self.windows[tp] = _AckWindow(tp)
-        if len(window.pending) >= self.window:
-            if self.hooks is not None:
-                if not window.paused:
-                    window.paused = True
-                    self.hooks.full(*tp)
-            else:
-                while len(window.pending) >= self.window:
-                    window.room.clear()
-                    await window.room.wait()
+        if len(window.pending) >= self.window and not window.paused:
+            try:
+                async with asyncio.timeout(HOLD_BEFORE_PAUSE_S if self.hooks is not None else None):
+                    while len(window.pending) >= self.window:
+                        window.room.clear()
+                        await window.room.wait()
+            except TimeoutError:
+                assert self.hooks is not None
+                window.paused = True
+                self.hooks.full(*tp)
         return window, window.add(ack, release)
 
     def drained(self, window: _AckWindow) -> None:

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from service.runtime import lanes as lanes_module
 from service.runtime.lanes import KeyLanes, LaneRecord, PartitionLanes, WindowHooks
 
 TOPIC = "agent.events"
@@ -130,7 +131,10 @@ async def test_a_full_window_holds_submit_until_half_of_it_is_done() -> None:
     await lanes.stop()
 
 
-async def test_with_window_hooks_a_full_partition_is_paused_and_others_keep_flowing() -> None:
+async def test_with_window_hooks_a_partition_full_too_long_is_paused_and_others_keep_flowing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lanes_module, "HOLD_BEFORE_PAUSE_S", 0.05)
     releases = {offset: asyncio.Event() for offset in range(6)}
     calls: list[tuple[str, int, str]] = []
     lanes = KeyLanes(max_in_flight=8, worker_max_in_flight=8, window=4)
@@ -150,7 +154,7 @@ async def test_with_window_hooks_a_full_partition_is_paused_and_others_keep_flow
     async def ack() -> None:
         return None
 
-    for offset in range(5):  # the fifth finds the window of 4 full: pause, but no waiting
+    for offset in range(5):  # the fifth finds the window of 4 full for 50 ms: pause, stop waiting
         await lanes.submit(LaneRecord(TOPIC, 3, offset, f"k{offset}".encode()), job(offset), ack)
     await lanes.submit(LaneRecord(TOPIC, 5, 0, b"other"), job(5), ack)
     assert calls == [(TOPIC, 3, "pause")], "partition 3 paused once; partition 5 was never held up"
