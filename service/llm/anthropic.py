@@ -28,11 +28,10 @@ from service.llm.http_provider import (
     DEFAULT_TIMEOUT_S,
     HttpProvider,
     NeutralMessage,
-    as_int,
     neutral_messages,
     neutral_tools,
 )
-from service.llm.types import AssistantTurn, LlmRequest, LlmResponse, ToolCall, encode_turn
+from service.llm.types import AssistantTurn, LlmRequest, ToolCall
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 DEFAULT_VERSION = "2023-06-01"
@@ -46,6 +45,8 @@ class AnthropicProvider(HttpProvider):
     """
 
     name = "anthropic"
+    endpoint = "/v1/messages"
+    usage_fields = ("input_tokens", "output_tokens")
 
     def __init__(
         self,
@@ -70,35 +71,13 @@ class AnthropicProvider(HttpProvider):
         headers.update(extra_headers or {})
         super().__init__(
             base_url=base_url,
+            model=model,
             headers=headers,
             timeout_s=timeout_s,
             connect_timeout_s=connect_timeout_s,
             client=client,
         )
-        self.model = model
         self.default_max_tokens = default_max_tokens
-
-    def __repr__(self) -> str:
-        return f"AnthropicProvider(base_url={self.base_url!r}, model={self.model!r})"
-
-    async def complete(self, request: LlmRequest) -> LlmResponse:
-        """One Messages call; raises a ProviderError subclass on any failure."""
-        data, response = await self._post_json("/v1/messages", self.request_body(request))
-        turn = self._turn(data)
-        usage = data.get("usage")
-        usage = usage if isinstance(usage, dict) else {}
-        model = data.get("model")
-        return LlmResponse(
-            response=encode_turn(turn),
-            model_id=model if isinstance(model, str) and model else request.model_id or self.model,
-            prompt_tokens=as_int(usage.get("input_tokens")),
-            completion_tokens=as_int(usage.get("output_tokens")),
-            metadata={
-                "provider": self.name,
-                "response_id": data.get("id") if isinstance(data.get("id"), str) else "",
-                "http_version": response.http_version,
-            },
-        )
 
     def request_body(self, request: LlmRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (public so a reader can see the translation)."""
@@ -120,7 +99,7 @@ class AnthropicProvider(HttpProvider):
                 messages.append(_wire_message(message))
         sampling = dict(request.sampling_params or {})
         body: dict[str, Any] = {
-            "model": request.model_id or self.model,
+            "model": self.model_for(request),
             "max_tokens": sampling.pop("max_tokens", None) or self.default_max_tokens,
             "messages": messages,
         }
@@ -138,7 +117,7 @@ class AnthropicProvider(HttpProvider):
             body.setdefault(key, value)
         return body
 
-    def _turn(self, data: dict[str, Any]) -> AssistantTurn:
+    def parse_turn(self, data: dict[str, Any]) -> AssistantTurn:
         content = data.get("content")
         if not isinstance(content, list):
             raise self._malformed(f"no 'content' list in the answer (keys {sorted(data)})")

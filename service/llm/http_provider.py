@@ -35,7 +35,14 @@ from service.llm.errors import (
     RateLimitError,
     ServerError,
 )
-from service.llm.types import ProviderError, ToolCall
+from service.llm.types import (
+    AssistantTurn,
+    LlmRequest,
+    LlmResponse,
+    ProviderError,
+    ToolCall,
+    encode_turn,
+)
 
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
@@ -57,17 +64,23 @@ class HttpProvider:
     """
 
     name: ClassVar[str] = "http"
+    endpoint: ClassVar[str]
+    """The path under ``base_url`` that one call POSTs to."""
+    usage_fields: ClassVar[tuple[str, str]]
+    """The names of the prompt and completion token counts in the answer's ``usage``."""
 
     def __init__(
         self,
         *,
         base_url: str,
+        model: str,
         headers: Mapping[str, str],
         timeout_s: float = DEFAULT_TIMEOUT_S,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         client: httpx.AsyncClient | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.model = model
         self._headers = dict(headers)
         self._owns_client = client is None
         self._client = client or httpx.AsyncClient(
@@ -76,6 +89,41 @@ class HttpProvider:
                 max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_KEEPALIVE_CONNECTIONS
             ),
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(base_url={self.base_url!r}, model={self.model!r})"
+
+    def model_for(self, request: LlmRequest) -> str:
+        """The request's model, or the configured one when the request names none."""
+        return request.model_id or self.model
+
+    def request_body(self, request: LlmRequest) -> dict[str, Any]:
+        """The JSON body sent for ``request`` (public so a reader can see the translation)."""
+        raise NotImplementedError
+
+    def parse_turn(self, data: dict[str, Any]) -> AssistantTurn:
+        """The answer of a 2xx JSON object, or ProviderRequestError when it is malformed."""
+        raise NotImplementedError
+
+    async def complete(self, request: LlmRequest) -> LlmResponse:
+        """One call; raises a ProviderError subclass on any failure."""
+        data, response = await self._post_json(self.endpoint, self.request_body(request))
+        turn = self.parse_turn(data)
+        usage = data.get("usage")
+        usage = usage if isinstance(usage, dict) else {}
+        model = data.get("model")
+        prompt, completion = self.usage_fields
+        return LlmResponse(
+            response=encode_turn(turn),
+            model_id=model if isinstance(model, str) and model else self.model_for(request),
+            prompt_tokens=as_int(usage.get(prompt)),
+            completion_tokens=as_int(usage.get(completion)),
+            metadata={
+                "provider": self.name,
+                "response_id": data.get("id") if isinstance(data.get("id"), str) else "",
+                "http_version": response.http_version,
+            },
         )
 
     async def aclose(self) -> None:

@@ -29,11 +29,10 @@ from service.llm.http_provider import (
     DEFAULT_TIMEOUT_S,
     HttpProvider,
     NeutralMessage,
-    as_int,
     neutral_messages,
     neutral_tools,
 )
-from service.llm.types import AssistantTurn, LlmRequest, LlmResponse, ToolCall, encode_turn
+from service.llm.types import AssistantTurn, LlmRequest, ToolCall
 
 
 class OpenAIProvider(HttpProvider):
@@ -45,6 +44,8 @@ class OpenAIProvider(HttpProvider):
     """
 
     name = "openai"
+    endpoint = "/chat/completions"
+    usage_fields = ("prompt_tokens", "completion_tokens")
 
     def __init__(
         self,
@@ -63,39 +64,17 @@ class OpenAIProvider(HttpProvider):
         headers.update(extra_headers or {})
         super().__init__(
             base_url=base_url,
+            model=model,
             headers=headers,
             timeout_s=timeout_s,
             connect_timeout_s=connect_timeout_s,
             client=client,
         )
-        self.model = model
-
-    def __repr__(self) -> str:
-        return f"OpenAIProvider(base_url={self.base_url!r}, model={self.model!r})"
-
-    async def complete(self, request: LlmRequest) -> LlmResponse:
-        """One chat completion; raises a ProviderError subclass on any failure."""
-        data, response = await self._post_json("/chat/completions", self.request_body(request))
-        turn = self._turn(data)
-        usage = data.get("usage")
-        usage = usage if isinstance(usage, dict) else {}
-        model = data.get("model")
-        return LlmResponse(
-            response=encode_turn(turn),
-            model_id=model if isinstance(model, str) and model else self._model_for(request),
-            prompt_tokens=as_int(usage.get("prompt_tokens")),
-            completion_tokens=as_int(usage.get("completion_tokens")),
-            metadata={
-                "provider": self.name,
-                "response_id": data.get("id") if isinstance(data.get("id"), str) else "",
-                "http_version": response.http_version,
-            },
-        )
 
     def request_body(self, request: LlmRequest) -> dict[str, Any]:
         """The JSON body sent for ``request`` (public so a reader can see the translation)."""
         body: dict[str, Any] = {
-            "model": self._model_for(request),
+            "model": self.model_for(request),
             "messages": [_wire_message(m) for m in neutral_messages(self.name, request.messages)],
         }
         tools = neutral_tools(self.name, request.tools_schema)
@@ -111,10 +90,7 @@ class OpenAIProvider(HttpProvider):
             body.setdefault(key, value)
         return body
 
-    def _model_for(self, request: LlmRequest) -> str:
-        return request.model_id or self.model
-
-    def _turn(self, data: dict[str, Any]) -> AssistantTurn:
+    def parse_turn(self, data: dict[str, Any]) -> AssistantTurn:
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices:
             found = "an empty list" if choices == [] else f"keys {sorted(data)}"
