@@ -43,9 +43,13 @@ class ToolLoopMisuse(KeylaneError):
 
 
 class LoopState(msgspec.Struct, kw_only=True):
-    """What survives a suspension: the conversation, the calls still waiting, the round count."""
+    """What survives a suspension: the conversation, the tools offered, the calls still
+    waiting, the round count. The tool schemas are kept so that a resume (and a replay of
+    it) asks the model with exactly the tools the run started with, even if the registry
+    changed in between."""
 
     messages: list[Any]
+    tools_schema: list[Any]
     waiting: dict[str, str]
     """Outstanding side-effect calls: intent id -> the model's tool call id."""
     rounds: int
@@ -81,8 +85,9 @@ class ToolLoop:
             if state.waiting:
                 return self._suspend(state)
         else:
-            state = LoopState(messages=list(messages), waiting={}, rounds=0)
-        schemas = [ctx.tool_spec(name).schema() for name in self.tools]
+            schemas = [ctx.tool_spec(name).schema() for name in self.tools]
+            state = LoopState(messages=list(messages), tools_schema=schemas, waiting={}, rounds=0)
+        offered = {schema["name"] for schema in state.tools_schema}
         while True:
             if state.rounds >= self.max_iterations:
                 raise ToolLoopExhausted(
@@ -93,7 +98,7 @@ class ToolLoop:
                 LlmRequest(
                     model_id=self.model,
                     messages=list(state.messages),  # the request keeps what was asked
-                    tools_schema=schemas,
+                    tools_schema=state.tools_schema,
                     sampling_params=self.sampling_params,
                 )
             )
@@ -102,7 +107,7 @@ class ToolLoop:
             if not turn.tool_calls:
                 return self.finish(turn, state.messages)
             for call in turn.tool_calls:
-                if call.name not in self.tools:
+                if call.name not in offered:
                     state.messages.append(_tool_message(call.id, {"error": f"unknown tool {call.name!r}"}))
                 elif ctx.tool_spec(call.name).side_effect:
                     intent_id = ctx.act(call.name, msgspec.json.encode(call.arguments).decode())

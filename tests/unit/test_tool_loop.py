@@ -200,3 +200,24 @@ async def test_cache_hits_are_charged_so_a_replay_decides_like_the_first_run(
 def test_budget_must_be_positive(budget: int) -> None:
     with pytest.raises(ValueError, match="max_tokens_per_activation"):
         AgentConfig(max_tokens_per_activation=budget)
+
+
+async def test_a_resume_offers_the_tools_the_run_started_with() -> None:
+    tools = ToolRegistry()
+    tools.register("refund", lambda args: None, side_effect=True, description="Refund, v1.")
+    model = ScriptedModel(
+        [AssistantTurn(tool_calls=[ToolCall(id="r", name="refund", arguments={})]), AssistantTurn(text="ok")]
+    )
+    loop = ToolLoop(model="m", tools=["refund"])
+
+    async def agent(ctx: ActivationContext) -> Complete | Suspend:
+        return await loop.run(ctx, [{"role": "user", "content": "go"}])
+
+    h = AgentHarness(agent, AgentConfig(tools=tools), provider=model)
+    await h.send_event(b"k", "go")
+    tools.register("refund", lambda args: None, side_effect=True, description="Refund, v2.")  # a deploy
+    await h.send_result(h.result_for(h.intents()[0]))
+    assert h.outputs() == [(b"k", b"ok")]
+    assert [r.tools_schema for r in model.requests] == [
+        [{"name": "refund", "description": "Refund, v1.", "parameters": {"type": "object"}}]
+    ] * 2
