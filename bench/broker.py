@@ -398,8 +398,9 @@ async def wait_for_leaders(client: AIOKafkaAdminClient, topics: Sequence[str], t
 
 
 @dataclass(frozen=True)
-class HotKeyRun:
-    """One hot-key worker run: its outputs, their rate and the worker's E[activation_ms]."""
+class PrefilledRun:
+    """One worker run over pre-filled events: its outputs, their rate, the worker's
+    E[activation_ms]."""
 
     outputs: list[OutRecord]
     rate: float
@@ -642,11 +643,24 @@ class BrokerBench:
         if peer_failure is not None:
             raise peer_failure
 
-    async def hot_key(self, name: str, *, events: int, config: str, payload: str, **env: str) -> HotKeyRun:
-        """One worker with the 50 ms agent on ``events`` pre-filled events of HOT_KEY (distinct
-        payloads ``<payload><i>``), measured from its outputs and its /metrics."""
+    async def hot_key(self, name: str, *, events: int, config: str, payload: str, **env: str) -> PrefilledRun:
+        """The 50 ms agent on ``events`` pre-filled events of HOT_KEY (distinct payloads
+        ``<payload><i>``); a pessimistic 10 events/s, plus start-up, before giving up."""
         deployment = await self.deploy(name)
         records = [(HOT_KEY, encode(AgentEnvelope(payload=f"{payload}{i}"))) for i in range(events)]
+        return await self.run_prefilled(deployment, records, config=config, timeout_s=60 + events / 10, **env)
+
+    async def run_prefilled(
+        self,
+        deployment: Deployment,
+        records: list[tuple[bytes, bytes]],
+        *,
+        config: str,
+        timeout_s: float,
+        **env: str,
+    ) -> PrefilledRun:
+        """Produce ``records`` to the deployment's events, then start one worker with the 50 ms
+        agent and ``config``; measured from its outputs and its /metrics."""
         await produce_all(self.bootstrap, deployment.topic(EVENTS), records)
         port = free_port()
         worker = self.worker(
@@ -656,15 +670,16 @@ class BrokerBench:
         try:
             await reader.start()
             await worker.start()
-            # A pessimistic 10 events/s, plus start-up.
-            outputs = await reader.take(events, timeout_s=60 + events / 10, watch=[worker])
+            outputs = await reader.take(len(records), timeout_s=timeout_s, watch=[worker])
             mean_ms, activations = await mean_activation_ms(port)
         finally:
             await worker.stop()
             await reader.stop()
-        if activations < events:
-            raise BenchFailure(f"{name}: /metrics counts {activations} activations for {events} events")
-        return HotKeyRun(outputs, rate_of(outputs), mean_ms, deployment.partitions(EVENTS_SHARDED))
+        if activations < len(records):
+            raise BenchFailure(
+                f"{deployment.name}: /metrics counts {activations} activations for {len(records)} events"
+            )
+        return PrefilledRun(outputs, rate_of(outputs), mean_ms, deployment.partitions(EVENTS_SHARDED))
 
     async def per_key_ceiling(self) -> None:
         events = self.plan.ceiling_events

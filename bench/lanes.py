@@ -14,10 +14,10 @@ from __future__ import annotations
 import shutil
 
 from bench import agents
-from bench.broker import PLANS, BrokerBench, Reader, free_port, mean_activation_ms, produce_all, rate_of
+from bench.broker import PLANS, BrokerBench
 from bench.harness import Recorder, Result, Size, progress
 from bench.names import LANES
-from service.catalog import EVENTS, OUTPUT
+from service.catalog import EVENTS
 from service.runtime.faust_glue import expected_partition
 from service.wire import AgentEnvelope, encode
 
@@ -44,24 +44,13 @@ async def one_partition_many_keys(bench: BrokerBench, recorder: Recorder, mode: 
     keys = keys_on_partition(0, deployment.partitions(EVENTS), KEYS)
     progress(f"{name}: {events} events over {len(keys)} keys of partition 0, FakeLLM 50 ms, lanes={mode}")
     records = [(keys[i % len(keys)], encode(AgentEnvelope(payload=f"e{i}"))) for i in range(events)]
-    await produce_all(bench.bootstrap, deployment.topic(EVENTS), records)
-    port = free_port()
-    worker = bench.worker(
-        deployment, agent="bench.agents:model_call", config=f"bench.agents:lanes_{mode}", metrics_port=port
+    run = await bench.run_prefilled(
+        deployment, records, config=f"bench.agents:lanes_{mode}", timeout_s=90 + events / 10
     )
-    reader = Reader(bench.bootstrap, deployment.topic(OUTPUT), deployment.partitions(OUTPUT))
-    try:
-        await reader.start()
-        await worker.start()
-        outputs = await reader.take(events, timeout_s=90 + events / 10, watch=[worker])
-        mean_ms, _ = await mean_activation_ms(port)
-    finally:
-        await worker.stop()
-        await reader.stop()
     config = agents.lanes_key if mode == "key" else agents.lanes_partition
     concurrent = min(len(keys), config.max_in_flight) if mode == "key" else 1
     ideal = concurrent * 1000 / agents.LLM_LATENCY_MS
-    rate = rate_of(outputs)
+    rate = run.rate
     recorder.add(
         Result(
             name=name,
@@ -70,12 +59,12 @@ async def one_partition_many_keys(bench: BrokerBench, recorder: Recorder, mode: 
             extra={
                 "lanes": mode,
                 "keys": len(keys),
-                "events": len(outputs),
+                "events": len(run.outputs),
                 "max_in_flight": config.max_in_flight,
                 "ideal_rate": ideal,
                 "goal_rate": 0.8 * ideal,
                 "ratio_to_ideal": rate / ideal,
-                "mean_activation_ms": mean_ms,
+                "mean_activation_ms": run.mean_activation_ms,
             },
         )
     )
