@@ -12,6 +12,7 @@ from service.catalog import Catalog, load_catalog
 from service.config import Settings
 from service.topic_admin import admin_client, apply_catalog
 from tests.broker import Broker, NoBroker, acquire, in_ci
+from tests.processes import stop_leftovers
 
 _broker_outcomes: dict[str, int] = {"passed": 0, "failed": 0, "skipped": 0}
 _broker_source: list[str] = []
@@ -41,16 +42,18 @@ def kafka_bootstrap(kafka_broker: Broker) -> str:
 
 
 @pytest.fixture
-def settings(kafka_bootstrap: str, tmp_path: object) -> Settings:
-    """Settings for one test: its own topic prefix, consumer group and data dir."""
+def settings(kafka_bootstrap: str, tmp_path: object) -> Iterator[Settings]:
+    """Settings for one test: its own topic prefix, consumer group and data dir. Processes the
+    test left running are stopped after it."""
     unique = uuid.uuid4().hex[:10]
-    return Settings.from_env(
+    yield Settings.from_env(
         {},
         bootstrap_servers=kafka_bootstrap,
         topic_prefix=f"t{unique}.",
         app_id=f"keylane-test-{unique}",
         data_dir=tmp_path,
     )
+    stop_leftovers()
 
 
 @pytest.fixture

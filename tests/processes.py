@@ -15,6 +15,7 @@ from service.config import Settings
 from tests.broker import REPO
 
 READY = "[^Worker]: Ready"
+_started: list[KeylaneProcess] = []
 
 
 class KeylaneProcess:
@@ -36,6 +37,7 @@ class KeylaneProcess:
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
             )
+        _started.append(self)
         deadline = time.monotonic() + wait_ready_s
         while self.log().count(READY) <= readies_before:
             if self.proc.poll() is not None:
@@ -68,6 +70,15 @@ class KeylaneProcess:
 
     def tail(self) -> str:
         return self.log()[-3000:]
+
+
+def stop_leftovers() -> None:
+    """Stop every process a test started and left running (a test that failed half-way):
+    one would otherwise spin, reconnecting to a broker that is gone, for the rest of the run."""
+    while _started:
+        process = _started.pop()
+        if process.proc is not None and process.proc.poll() is None:
+            process.stop()
 
 
 def process_env(settings: Settings, **extra: str) -> dict[str, str]:
