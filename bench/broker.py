@@ -77,6 +77,7 @@ from service.catalog import (
     load_catalog,
 )
 from service.config import Settings
+from service.records import ID_HEADER
 from service.runtime.faust_glue import expected_partition
 from service.topic_admin import admin_client, apply_catalog
 from service.wire import AgentEnvelope, encode
@@ -312,7 +313,7 @@ class Reader:
             for messages in batch.values():
                 for message in messages:
                     headers = dict(message.headers or ())
-                    raw_id = headers.get("keylane.id")
+                    raw_id = headers.get(ID_HEADER)
                     record_id = raw_id.decode() if raw_id is not None else None
                     if record_id is not None:
                         if record_id in self.seen_ids:

@@ -9,6 +9,9 @@ from service.catalog import ERRORS
 from service.runtime import ids
 from service.wire import ErrorRecord, RecordOrigin, b64, encode
 
+ID_HEADER = "keylane.id"
+"""The header carrying a published record's deterministic id (an Emit's ``record_id``)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class InputRecord:

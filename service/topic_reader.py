@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from service.config import Settings
+from service.records import ID_HEADER
 from service.topic_admin import admin_client
 
 
@@ -21,6 +22,11 @@ class TopicRecord:
     partition: int
     offset: int
     timestamp_ms: int
+
+    @property
+    def record_id(self) -> str:
+        """The deterministic id keylane put in the record's ID_HEADER (KeyError if none)."""
+        return self.headers[ID_HEADER].decode()
 
 
 async def partition_ids(settings: Settings, topic: str) -> list[int]:

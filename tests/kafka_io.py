@@ -6,12 +6,11 @@ import asyncio
 import shutil
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from service.config import Settings
-from service.topic_reader import read_to_end
+from service.topic_reader import TopicRecord, read_to_end
 
 
 async def consume(
@@ -55,33 +54,13 @@ def kcat_produce(settings: Settings, topic: str, lines: bytes, *, key_delimiter:
     )
 
 
-@dataclass(frozen=True)
-class Record:
-    key: bytes | None
-    value: bytes | None
-    headers: dict[str, bytes]
-    partition: int
-    offset: int
-
-    @property
-    def record_id(self) -> str:
-        return self.headers["keylane.id"].decode()
-
-
-async def read_all(settings: Settings, topic: str) -> list[Record]:
-    """Every record on ``topic`` right now (service.topic_reader, the product's own reader)."""
-    return [
-        Record(r.key, r.value, r.headers, r.partition, r.offset) for r in await read_to_end(settings, topic)
-    ]
-
-
 async def wait_for_records(
-    settings: Settings, topic: str, predicate: Callable[[list[Record]], bool], *, timeout_s: float = 60
-) -> list[Record]:
+    settings: Settings, topic: str, predicate: Callable[[list[TopicRecord]], bool], *, timeout_s: float = 60
+) -> list[TopicRecord]:
     """Poll ``topic`` until ``predicate(all records)`` holds; fail with what was there."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
-        records = await read_all(settings, topic)
+        records = await read_to_end(settings, topic)
         if predicate(records):
             return records
         if asyncio.get_running_loop().time() > deadline:

@@ -36,7 +36,7 @@ from service.catalog import (
     TIMERS,
     Catalog,
 )
-from service.records import Emit, InputRecord
+from service.records import ID_HEADER, Emit, InputRecord
 from service.runtime.activation import KeyRuntime
 from service.runtime.api import AgentConfig
 from service.runtime.faust_glue import expected_partition, feed_lanes, guard_offsets
@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 STATE_TABLE = "keylane-state"
 TIMER_SCAN_INTERVAL_S = 1.0
-ID_HEADER = "keylane.id"
 REROUTED_HEADER = "keylane.rerouted-from"
 _RAW: dict[str, Any] = {
     "key_type": bytes,

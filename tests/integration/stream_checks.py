@@ -11,7 +11,7 @@ from pathlib import Path
 
 from service.catalog import OUTPUT, Catalog
 from service.config import Settings
-from tests.kafka_io import read_all
+from service.topic_reader import read_to_end
 
 
 def tool_runs(ledger: Path) -> int:
@@ -35,7 +35,7 @@ async def outputs_by_id(
     deadline = asyncio.get_running_loop().time() + timeout_s
     while len(outputs) < total:
         assert asyncio.get_running_loop().time() < deadline, f"only {len(outputs)} of {total} outputs"
-        for record in await read_all(settings, catalog.name(OUTPUT)):
+        for record in await read_to_end(settings, catalog.name(OUTPUT)):
             assert record.value is not None
             outputs[record.record_id].add(record.value)
         await asyncio.sleep(0.5)

@@ -11,9 +11,10 @@ import pytest
 
 from service.catalog import APPROVALS, ERRORS, EVENTS, INTENTS, OUTPUT, RESULTS, Catalog
 from service.config import Settings
+from service.topic_reader import read_to_end
 from service.wire import AgentEnvelope, Approval, ErrorRecord, ToolResult, decode, encode
 from tests.integration.test_worker import free_port, http_get
-from tests.kafka_io import produce, read_all, wait_for_records
+from tests.kafka_io import produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
 
 pytestmark = pytest.mark.kafka
@@ -70,7 +71,7 @@ async def test_malformed_records_are_dead_lettered_and_the_worker_goes_on(
             settings, catalog.name(OUTPUT), lambda rs: len(rs) >= 1, timeout_s=60
         )
         _, body = await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/metrics")
-        intents = await read_all(settings, catalog.name(INTENTS))
+        intents = await read_to_end(settings, catalog.name(INTENTS))
 
     assert [r.key for r in outputs] == [b"good-1"], "the good event after the garbage was processed"
     records = [decode(r.value, ErrorRecord) for r in errors]

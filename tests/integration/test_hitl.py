@@ -11,9 +11,10 @@ import pytest
 
 from service.catalog import APPROVAL_REQUESTS, APPROVALS, ERRORS, EVENTS, OUTPUT, Catalog
 from service.config import Settings
+from service.topic_reader import TopicRecord, read_to_end
 from service.wire import AgentEnvelope, Approval, ApprovalRequest, ErrorRecord, decode, encode
 from tests.broker import REPO
-from tests.kafka_io import Record, kcat_produce, produce, read_all, wait_for_records
+from tests.kafka_io import kcat_produce, produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
 
 pytestmark = pytest.mark.kafka
@@ -33,7 +34,7 @@ def keylane(settings: Settings, *args: str, **env: str) -> subprocess.CompletedP
     )
 
 
-def by_key(records: list[Record]) -> dict[bytes, list[bytes]]:
+def by_key(records: list[TopicRecord]) -> dict[bytes, list[bytes]]:
     grouped: dict[bytes, list[bytes]] = {}
     for record in records:
         assert record.key is not None and record.value is not None
@@ -104,7 +105,7 @@ async def test_approve_deny_kcat_and_every_timeout_fallback(
             r
             for r in (
                 decode(x.value, ApprovalRequest)
-                for x in await read_all(settings, catalog.name(APPROVAL_REQUESTS))
+                for x in await read_to_end(settings, catalog.name(APPROVAL_REQUESTS))
             )
             if r.channel == "managers"
         ]
@@ -155,7 +156,7 @@ async def test_a_deadline_survives_kill_9_and_fires_once(
             settings, catalog.name(OUTPUT), lambda rs: len(rs) >= 1, timeout_s=90
         )
         await asyncio.sleep(3)  # any second fire would be applied within this scan period
-        outputs = await read_all(settings, catalog.name(OUTPUT))
+        outputs = await read_to_end(settings, catalog.name(OUTPUT))
 
     assert {r.record_id for r in outputs} == {outputs[0].record_id}, "one fallback, however often it was sent"
     assert outputs[0].value == b"__hitl_timeout__"

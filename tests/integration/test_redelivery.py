@@ -13,10 +13,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from service.catalog import ERRORS, EVENTS, INTENTS, OUTPUT, RESULTS, Catalog
 from service.config import Settings
-from service.topic_reader import partition_ids
+from service.topic_reader import TopicRecord, partition_ids, read_to_end
 from service.wire import AgentEnvelope, ErrorRecord, decode, encode
 from tests.integration.test_worker import free_port, http_get
-from tests.kafka_io import Record, produce, read_all, wait_for_records
+from tests.kafka_io import produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
 
 pytestmark = pytest.mark.kafka
@@ -39,7 +39,7 @@ async def rewind_group(settings: Settings, topics: list[str]) -> None:
         await consumer.stop()
 
 
-def by_id(records: list[Record]) -> dict[str, set[bytes]]:
+def by_id(records: list[TopicRecord]) -> dict[str, set[bytes]]:
     values: dict[str, set[bytes]] = defaultdict(set)
     for record in records:
         assert record.value is not None
@@ -71,7 +71,7 @@ async def test_rewound_group_replays_without_new_activations(
             first_outputs = await wait_for_records(
                 settings, catalog.name(OUTPUT), lambda rs: len(by_id(rs)) == total, timeout_s=90
             )
-        first_intents = await read_all(settings, catalog.name(INTENTS))
+        first_intents = await read_to_end(settings, catalog.name(INTENTS))
         llm_calls_before = Path(ledgers["LLM_LEDGER"]).read_text().count("\n")
 
         await rewind_group(settings, [catalog.name(EVENTS), catalog.name(RESULTS)])
@@ -85,8 +85,8 @@ async def test_rewound_group_replays_without_new_activations(
                 assert deadline_checks < 120, replay.tail()
                 await asyncio.sleep(0.5)
             assert await metric(port, "keylane_activations_total") == 0
-        outputs = await read_all(settings, catalog.name(OUTPUT))
-        intents = await read_all(settings, catalog.name(INTENTS))
+        outputs = await read_to_end(settings, catalog.name(OUTPUT))
+        intents = await read_to_end(settings, catalog.name(INTENTS))
 
     assert Path(ledgers["LLM_LEDGER"]).read_text().count("\n") == llm_calls_before, "no extra model calls"
     assert set(by_id(intents)) == set(by_id(first_intents)), "identical intent ids, no new ones"
@@ -118,7 +118,7 @@ async def test_rewound_effector_republishes_results_and_runs_no_tool_again(
             await wait_for_records(
                 settings, catalog.name(OUTPUT), lambda rs: len(rs) == len(KEYS), timeout_s=90
             )
-        first_results = by_id(await read_all(settings, catalog.name(RESULTS)))
+        first_results = by_id(await read_to_end(settings, catalog.name(RESULTS)))
 
         effector_group = settings.with_overrides(app_id=f"{settings.app_id}-effector")
         await rewind_group(effector_group, [catalog.name(INTENTS)])
@@ -130,7 +130,7 @@ async def test_rewound_effector_republishes_results_and_runs_no_tool_again(
         orphans = await wait_for_records(
             settings, catalog.name(ERRORS), lambda rs: len(rs) == len(KEYS), timeout_s=60
         )
-        outputs = await read_all(settings, catalog.name(OUTPUT))
+        outputs = await read_to_end(settings, catalog.name(OUTPUT))
 
     assert len(Path(ledgers["TOOL_LEDGER"]).read_text().splitlines()) == len(KEYS), "no tool ran twice"
     assert by_id(results) == first_results, "Done intents republish the stored result, byte for byte"

@@ -11,8 +11,9 @@ import pytest
 from service.catalog import EVENTS, EVENTS_SHARDED, INTENTS, OUTPUT, RESULTS, Catalog
 from service.config import Settings
 from service.keys import shard_key, unshard_key
+from service.topic_reader import read_to_end
 from service.wire import AgentEnvelope, ToolIntent, ToolResult, decode, encode
-from tests.kafka_io import produce, read_all, wait_for_records
+from tests.kafka_io import produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
 
 pytestmark = pytest.mark.kafka
@@ -45,9 +46,9 @@ async def test_results_return_to_the_shard_that_emitted_the_intent(
         outputs = await wait_for_records(
             settings, catalog.name(OUTPUT), lambda rs: len(rs) >= 12, timeout_s=90
         )
-    intents = [decode(r.value, ToolIntent) for r in await read_all(settings, catalog.name(INTENTS))]
-    results = await read_all(settings, catalog.name(RESULTS))
-    sharded = await read_all(settings, catalog.name(EVENTS_SHARDED))
+    intents = [decode(r.value, ToolIntent) for r in await read_to_end(settings, catalog.name(INTENTS))]
+    results = await read_to_end(settings, catalog.name(RESULTS))
+    sharded = await read_to_end(settings, catalog.name(EVENTS_SHARDED))
 
     expected_key = {f"order-{i}": shard_key(HOT, 4, payload=v) for i, v in enumerate(values)}
     for record in sharded:
