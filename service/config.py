@@ -58,6 +58,10 @@ class Settings:
     """How the worker checks approval signatures: off | permissive | require
     (KEYLANE_APPROVAL_SIGNATURES)."""
 
+    result_signatures: str = "off"
+    """How the worker checks the effector's ToolResult signatures: off | permissive | require
+    (KEYLANE_RESULT_SIGNATURES). The effector signs its results whenever it has keys."""
+
     session_timeout_s: float = 10.0
     """Consumer-group session timeout: how long a crashed worker keeps its partitions before
     the group moves them (KEYLANE_SESSION_TIMEOUT_S; the broker's minimum is 6)."""
@@ -87,6 +91,7 @@ class Settings:
         for variable, mode in (
             ("KEYLANE_INTENT_SIGNATURES", self.intent_signatures),
             ("KEYLANE_APPROVAL_SIGNATURES", self.approval_signatures),
+            ("KEYLANE_RESULT_SIGNATURES", self.result_signatures),
         ):
             if mode not in ("off", "permissive", "require"):
                 raise ConfigError(f"{variable}={mode!r} must be one of off, permissive, require")
@@ -134,6 +139,7 @@ class Settings:
             ("KEYLANE_SIGNING_KEYS", "signing_keys"),
             ("KEYLANE_INTENT_SIGNATURES", "intent_signatures"),
             ("KEYLANE_APPROVAL_SIGNATURES", "approval_signatures"),
+            ("KEYLANE_RESULT_SIGNATURES", "result_signatures"),
             ("KEYLANE_PROVIDER", "provider"),
         ):
             if env.get(variable):

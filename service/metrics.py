@@ -34,13 +34,33 @@ EVENTS_BUFFERED = Counter("keylane_events_buffered", "Events queued behind a sus
 RECORDS_REROUTED = Counter(
     "keylane_records_rerouted", "Input records on the wrong partition for their key, re-produced.", ["topic"]
 )
-REDELIVERIES = Counter("keylane_redeliveries", "Input records recognised as already applied.", ["topic"])
+REDELIVERIES = Counter(
+    "keylane_redeliveries",
+    "Input records recognised as already applied (a redelivery or another copy of one).",
+    ["topic"],
+)
+POISON_RECORDS = Counter(
+    "keylane_poison_records",
+    "Input records whose processing kept raising, dead-lettered after bounded retries.",
+    ["topic"],
+)
+STREAMS_RESTARTED = Counter(
+    "keylane_streams_restarted",
+    "Originals below a key's applied offset while the log ends below it: a recreated topic.",
+    ["topic"],
+)
+UNAWAITED_RESULTS = Counter(
+    "keylane_unawaited_results",
+    "Results and approvals for intents nobody waits for any more (fire-and-forget, or "
+    "answered already): acknowledged, not dead-lettered.",
+    ["kind"],
+)
 MEMORY_SOFT_CAP_WARNINGS = Counter(
     "keylane_memory_soft_cap_warnings", "Activations that crossed the soft cap."
 )
 OUTPUTS = Counter("keylane_outputs", "Records produced to agent.output.")
 UNSIGNED = Counter(
-    "keylane_unsigned_records", "Intents or approvals with a missing or bad signature.", ["kind"]
+    "keylane_unsigned_records", "Intents, approvals or results with a missing or bad signature.", ["kind"]
 )
 TIMERS_FIRED = Counter("keylane_timers_fired", "Due timer fires applied by a key's lane.", ["kind"])
 TIMERS_IGNORED = Counter("keylane_timers_ignored", "Timer fires ignored as stale, early or duplicate.")
@@ -103,4 +123,12 @@ EFFECTOR_INTENTS = Counter(
 EFFECTOR_EXECUTIONS = Counter("keylane_effector_executions", "Tool executions the effector started.")
 EFFECTOR_REPUBLISHED = Counter(
     "keylane_effector_republished", "Intents already Done whose stored result was republished."
+)
+
+# The effector's in-doubt window (docs/effector.md).
+EFFECTOR_IN_DOUBT = Counter(
+    "keylane_effector_in_doubt",
+    "Intents found claimed without an outcome after their lease (an attempt died mid-tool), "
+    "by resolution: reconciled_done, reconciled_not_done, rerun, error, expired.",
+    ["resolution"],
 )

@@ -6,6 +6,12 @@ the assignment). Only events pass through it: tool results and approvals already
 the physical key, and re-sharding them would route them away from their continuation.
 
 A record it cannot read becomes ``malformed_record`` on agent.errors; it is never dropped.
+
+Every copy carries its original's position (``keylane.origin``). A crash or a rebalance makes
+the stage copy a record again at a new offset; with ``hash`` assignment the copy lands on
+the same physical key, which recognises it by origin and applies it once. ``round_robin``
+is the one mode that cannot promise this: a second copy may go to another shard, which has
+never seen it.
 """
 
 from __future__ import annotations
@@ -16,14 +22,12 @@ import faust
 
 from service.catalog import EVENTS, EVENTS_SHARDED, Catalog
 from service.keys import Assignment, ShardAssigner
-from service.records import InputRecord, error_emit
+from service.records import InputRecord, error_emit, origin_header
 from service.runtime.activation import wall_clock_ms
 from service.runtime.faust_glue import feed_lanes, guard_offsets
 from service.runtime.lanes import PartitionLanes
 from service.runtime.processor import Publisher, raw_topic
 from service.wire import AgentEnvelope, MalformedRecord, decode, decode_key, encode
-
-SHARDED_FROM_HEADER = "keylane.sharded-from"
 
 
 class ShardKeys:
@@ -64,11 +68,15 @@ class ShardKeys:
                     error_emit(record, "malformed_record", exc.detail, now_ms=wall_clock_ms())
                 )
                 return
-            origin = f"{message.topic}/{message.partition}/{message.offset}"
-            await target.send(key=physical, value=value, headers=[(SHARDED_FROM_HEADER, origin.encode())])
+            await target.send(key=physical, value=value, headers=[origin_header(message)])
+
+        async def dead_letter(event: Any, exc: Exception) -> None:
+            record = InputRecord.of(EVENTS, event.message)
+            detail = f"{type(exc).__name__}: {exc}"
+            await publisher.publish(error_emit(record, "processing_failed", detail, now_ms=wall_clock_ms()))
 
         async def shard(stream: Any) -> None:
-            await feed_lanes(stream, lanes, forward)
+            await feed_lanes(stream, lanes, forward, on_poison=dead_letter)
 
         async def stop_lanes(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
             await lanes.stop()

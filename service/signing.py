@@ -68,7 +68,9 @@ class Keyring:
         if key_id not in self.keys:
             return "unknown_key"
         unsigned = msgspec.structs.replace(record, signature=None)
-        if not hmac.compare_digest(signature, self._mac(key_id, unsigned)):
+        # Bytes, not str: compare_digest raises TypeError on non-ASCII text, and a forged
+        # record must be refused, never crash the record's lane.
+        if not hmac.compare_digest(signature.encode(), self._mac(key_id, unsigned).encode()):
             return "bad_signature"
         return "ok"
 

@@ -89,6 +89,8 @@ class ToolResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     result_json: str | None = None
     error: str | None = None
     completed_at_ms: int = 0
+    signature: str | None = None
+    key_id: str | None = None
 
 
 class Approval(msgspec.Struct, kw_only=True, omit_defaults=True):

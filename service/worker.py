@@ -75,6 +75,7 @@ def run_worker(settings: Settings, catalog: Catalog, *, agent_ref: str, config_r
         provider=provider,
         keyring=settings.keyring(),
         approval_signatures=parse_mode(settings.approval_signatures, "KEYLANE_APPROVAL_SIGNATURES"),
+        result_signatures=parse_mode(settings.result_signatures, "KEYLANE_RESULT_SIGNATURES"),
     )
     processor = AgentProcessor(app, catalog, runtime, sharded=config.shards is not None)
     if config.shards is not None:

@@ -4,11 +4,16 @@ Broker-free on purpose: the Faust processor, the in-process test harness and the
 all drive this same code. For each input record, in order:
 
 1. decode it strictly (a bad record becomes ``malformed_record``, the state is untouched);
-2. recognise a redelivery: an offset at or below the last one applied from that topic re-
-   publishes that input's outbox entries and changes nothing (no second activation, no
-   new seq);
+2. recognise a redelivery by the record's identity (``InputRecord.identity``: the original's
+   stream and offset, shared by every copy keylane re-produced): an offset at or below the
+   last one the key applied from that stream re-publishes that input's outbox entries and
+   rewrites the key's state unchanged (no second activation, no new seq; the rewrite heals a
+   changelog that lost the key's last record in a crash);
 3. an event for a suspended key is queued behind the suspension (``events_while_suspended``);
-4. a result or approval must pass resume admission, else ``orphaned_result``;
+4. a result or approval must be signed when its mode requires it, and must answer an intent
+   of its own kind (a ToolResult a tool intent, an Approval an approval request) that the
+   key is waiting for, else ``orphaned_result``; a result for an intent nobody waits for any
+   more (fire-and-forget, or answered already) is acknowledged and counted, not an error;
 5. run the activation under ``activation_timeout_s``; a raise or a timeout changes nothing
    and becomes ``activation_error`` / ``activation_timeout`` with the input's raw bytes;
 6. on success build the whole next KeyState (memory, cache, continuation, pending, seq + 1,
@@ -40,6 +45,7 @@ from service.runtime.hitl import Deny, Escalate, FallbackContext, TimeoutDecisio
 from service.runtime.memory import Memory
 from service.runtime.ratelimit import ProviderLimiter
 from service.runtime.state import (
+    SETTLED_INTENTS_KEPT,
     BufferedEvent,
     Continuation,
     IntentKind,
@@ -64,7 +70,11 @@ from service.wire import (
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], int]
-OrphanDetail = Literal["no_continuation", "unknown_intent", "deadline_passed", "intent_expired"]
+OrphanDetail = Literal[
+    "no_continuation", "unknown_intent", "kind_mismatch", "deadline_passed", "intent_expired"
+]
+UNAWAITED = "unawaited"
+"""The admission verdict for a result nobody waits for any more: acknowledged, not an error."""
 
 
 def wall_clock_ms() -> int:
@@ -106,10 +116,12 @@ class KeyRuntime:
         clock: Clock = wall_clock_ms,
         keyring: Keyring | None = None,
         approval_signatures: Mode = "off",
+        result_signatures: Mode = "off",
     ) -> None:
         self.agent = agent
         self.keyring = keyring or Keyring({})
         self.approval_signatures = approval_signatures
+        self.result_signatures = result_signatures
         self.config = config
         self.provider = (
             provider
@@ -142,12 +154,26 @@ class KeyRuntime:
         assert record.key is not None
         key = record.key
         state = state_of(key)
-        if record.offset <= state.applied.get(record.topic, -1):
-            metrics.REDELIVERIES.labels(record.topic).inc()
-            again = [
-                e for e in state.outbox if e.origin_topic == record.topic and e.origin_offset == record.offset
-            ]
-            return Decision(None, [_emit_of(e) for e in again])
+        stream, offset = record.identity
+        last = _applied_offset(state, record)
+        if last is not None and offset <= last:
+            if record.origin is None and record.log_end is not None and last >= record.log_end:
+                # The key applied an offset the log does not reach: this is a new incarnation of
+                # the topic (deleted and created again), not a redelivery.
+                log.warning(
+                    "%r applied %s up to offset %s but the log ends at %s: the topic was "
+                    "recreated; reading its records as new",
+                    key,
+                    stream,
+                    last,
+                    record.log_end,
+                )
+                metrics.STREAMS_RESTARTED.labels(record.topic).inc()
+                state = _forget_stream(state, record)
+            else:
+                metrics.REDELIVERIES.labels(record.topic).inc()
+                again = [e for e in state.outbox if _from_input(e, record)]
+                return Decision(state, [_emit_of(e) for e in again])
 
         if isinstance(parsed, TimerFired):
             return await self._on_timer(record, parsed, state, key)
@@ -161,6 +187,7 @@ class KeyRuntime:
                     origin_broker_topic=record.broker_topic,
                     origin_partition=record.partition,
                     origin_offset=record.offset,
+                    copy_of=record.origin,
                 )
                 return Decision(self._advance(state, record, [], extra_buffered=(buffered,)), [])
             try:
@@ -169,17 +196,22 @@ class KeyRuntime:
                 return Decision(None, [self._error(record, exc.reason, exc.detail, entity_key=key_text)])
             return Decision(self._advance(committed.state, record, committed.emits), committed.emits)
 
-        if isinstance(parsed, Approval) and self.approval_signatures != "off":
+        kind = "approval" if isinstance(parsed, Approval) else "result"
+        mode = self.approval_signatures if isinstance(parsed, Approval) else self.result_signatures
+        if mode != "off":
             verdict = self.keyring.verify(parsed)
             if verdict != "ok":
-                metrics.UNSIGNED.labels("approval").inc()
-                if self.approval_signatures == "require":
-                    detail = f"{verdict}: approval for {parsed.intent_id} refused"
+                metrics.UNSIGNED.labels(kind).inc()
+                if mode == "require":
+                    detail = f"{verdict}: {kind} for {parsed.intent_id} refused"
                     return Decision(
-                        None, [self._error(record, "unsigned_approval", detail, entity_key=key_text)]
+                        None, [self._error(record, f"unsigned_{kind}", detail, entity_key=key_text)]
                     )
-                log.warning("approval %s is %s; accepted (permissive mode)", parsed.intent_id, verdict)
+                log.warning("%s %s is %s; accepted (permissive mode)", kind, parsed.intent_id, verdict)
         orphan = self._admission(state, parsed)
+        if orphan == UNAWAITED:
+            metrics.UNAWAITED_RESULTS.labels(kind).inc()
+            return Decision(None, [])
         if orphan is not None:
             return Decision(None, [self._orphan(record, orphan, parsed.intent_id, key_text)])
         try:
@@ -223,12 +255,17 @@ class KeyRuntime:
         return parsed
 
     def _admission(self, state: KeyState, resume: ToolResult | Approval) -> str | None:
-        """None when the result may resume the key, else the orphaned_result detail."""
+        """None when the result may resume the key, UNAWAITED when it answers an intent nobody
+        waits for any more, else the orphaned_result detail."""
         cont = state.continuation
-        if cont is None:
-            return "no_continuation"
-        if resume.intent_id not in cont.pending_intent_ids:
-            return "unknown_intent"
+        if cont is None or resume.intent_id not in cont.pending_intent_ids:
+            if resume.intent_id in state.settled_intents:
+                return UNAWAITED
+            return "no_continuation" if cont is None else "unknown_intent"
+        pending = state.pending.get(resume.intent_id)
+        wanted: IntentKind = "approval" if isinstance(resume, Approval) else "tool"
+        if pending is not None and pending.kind != wanted:
+            return "kind_mismatch"  # e.g. a ToolResult forged for an approval request's id
         if isinstance(resume, ToolResult) and resume.status == "EXPIRED":
             # The effector refused the intent as expired. While the suspension lives (its
             # timer has not fired yet), the agent gets the chance to take its degraded path.
@@ -236,7 +273,6 @@ class KeyRuntime:
         now = self.clock()
         if cont.deadline_ms <= 0 or now >= cont.deadline_ms:
             return "deadline_passed"
-        pending = state.pending.get(resume.intent_id)
         if pending is not None and now >= pending.expires_at_ms:
             return f"intent_expired:{resume.intent_id}"
         return None
@@ -307,6 +343,7 @@ class KeyRuntime:
         still_waiting = (
             [i for i in cont.pending_intent_ids if i != resume.intent_id] if cont and resume else []
         )
+        settled = [resume.intent_id] if resume is not None else []
         if resume is not None:
             pending.pop(resume.intent_id, None)
         staged = [*ctx.intents, *(a.intent for a in ctx.approvals)]
@@ -348,6 +385,9 @@ class KeyRuntime:
             metrics.SUSPENSIONS.inc()
         else:
             pending = {}
+            # Fire-and-forget intents, and those the agent stopped waiting for: their results
+            # are expected and acknowledged, not dead-lettered.
+            settled += [*still_waiting, *(i.intent_id for i in ctx.intents)]
             emits.append(Emit(record_id=ids.output_id(key, seq), topic=OUTPUT, key=key, value=outcome.output))
 
         memory_blob = ctx.memory.to_blob()
@@ -365,6 +405,7 @@ class KeyRuntime:
             continuation=continuation,
             llm_cache=ctx._cache.entries(),
             pending=pending,
+            settled_intents=_kept_settled(state.settled_intents, settled),
         )
         return _Committed(next_state, emits)
 
@@ -394,7 +435,9 @@ class KeyRuntime:
                     origin = _queued_record(queued, key)
                     detail = "queued behind a suspension that TTL collected; the event was not run"
                     emits.append(self._error(origin, "ttl_wiped_suspension", detail, entity_key=key_text))
-            tombstone = KeyState(seq=state.seq, applied={**state.applied, record.topic: record.offset})
+            tombstone = KeyState(
+                seq=state.seq, applied=_applied_with(state, record), settled_intents=state.settled_intents
+            )
             return Decision(tombstone, emits)
         cont = state.continuation
         if cont is None or now < cont.deadline_ms:
@@ -486,11 +529,13 @@ class KeyRuntime:
         """Record the input as applied and stage its emits in the outbox, dropping settled ones.
 
         An outbox entry is settled when this process saw it delivered, or when it was not
-        published by this process and its input came earlier on the same topic: that input's
-        offset was committed, and Faust flushes the producer before every offset commit.
+        published by this process and its input came earlier in the same identity stream:
+        this process read the stream past it without redelivering it, so that input's offset
+        was committed, and Faust flushes the producer before every offset commit.
         """
         kept = [o for o in state.outbox if not self._settled(o, record)]
         self._delivered.difference_update(o.record_id for o in state.outbox)
+        stream, offset = record.identity
         outbox = kept + [
             OutboxRecord(
                 record_id=e.record_id,
@@ -498,14 +543,15 @@ class KeyRuntime:
                 key=e.key,
                 value=e.value,
                 origin_topic=record.topic,
-                origin_offset=record.offset,
+                origin_offset=offset,
+                origin_stream=stream,
                 label=e.error_reason,
             )
             for e in emits
         ]
         advanced = struct_replace(
             state,
-            applied={**state.applied, record.topic: record.offset},
+            applied=_applied_with(state, record),
             outbox=outbox,
             buffered=[*state.buffered, *extra_buffered],
         )
@@ -516,7 +562,10 @@ class KeyRuntime:
             return True
         if entry.record_id in self._in_flight:
             return False
-        return entry.origin_topic == record.topic and entry.origin_offset < record.offset
+        stream, offset = record.identity
+        if entry.origin_stream:
+            return entry.origin_stream == stream and entry.origin_offset < offset
+        return record.origin is None and entry.origin_topic == record.topic and entry.origin_offset < offset
 
     def _error(
         self,
@@ -548,7 +597,45 @@ def _queued_record(queued: BufferedEvent, key: bytes) -> InputRecord:
         offset=queued.origin_offset,
         key=key,
         value=queued.value,
+        origin=queued.copy_of,
     )
+
+
+def _applied_offset(state: KeyState, record: InputRecord) -> int | None:
+    """The last offset the key applied from ``record``'s identity stream, if any."""
+    stream, _ = record.identity
+    last = state.applied.get(stream)
+    if last is None and record.origin is None:
+        last = state.applied.get(record.topic)  # a blob from before identity streams
+    return last
+
+
+def _applied_with(state: KeyState, record: InputRecord) -> dict[str, int]:
+    """``state.applied`` with ``record`` applied (replacing a pre-stream entry of its topic)."""
+    stream, offset = record.identity
+    applied = {k: v for k, v in state.applied.items() if record.origin is not None or k != record.topic}
+    applied[stream] = offset
+    return applied
+
+
+def _forget_stream(state: KeyState, record: InputRecord) -> KeyState:
+    stream, _ = record.identity
+    applied = {k: v for k, v in state.applied.items() if k not in (stream, record.topic)}
+    return struct_replace(state, applied=applied)
+
+
+def _from_input(entry: OutboxRecord, record: InputRecord) -> bool:
+    """Whether an outbox entry was staged by ``record`` (any copy of it)."""
+    stream, offset = record.identity
+    if entry.origin_stream:
+        return entry.origin_stream == stream and entry.origin_offset == offset
+    return record.origin is None and entry.origin_topic == record.topic and entry.origin_offset == offset
+
+
+def _kept_settled(kept: list[str], new: list[str]) -> list[str]:
+    if not new:
+        return kept
+    return [*kept, *new][-SETTLED_INTENTS_KEPT:]
 
 
 def _emit_of(record: OutboxRecord) -> Emit:

@@ -13,8 +13,16 @@
   the input topics of an app: after each assignment their partitions are sought to the
   committed offset (or the log start), records are admitted strictly in offset order
   (``feed_lanes``), and the consumer commits the ledger's marks instead of Faust's acks.
-  Faust's Consumer gets three methods wrapped, once per process; apps that never call
+  Faust's own fetch loop drops every record below its ``_read_offset``, which it advances
+  for each record it fetches, ahead of processing: after the ledger seeks a partition back
+  (a gap, a resumed pause), a record of an earlier fetch batch moved it past the re-read
+  and the re-read was dropped, stalling the partition for good. For governed topics the
+  loop sees no read offset (``_UnfilteredReadOffsets``); the ledger drops duplicates itself.
+  Faust's Consumer gets five methods wrapped, once per process; apps that never call
   ``guard_offsets`` keep Faust's behaviour.
+* A record whose processing raises is retried POISON_ATTEMPTS times, then handed to the
+  caller's ``on_poison`` (a dead letter) and finished, so one bad record never wedges its
+  partition and is never retried forever.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -31,6 +40,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 from faust.streams import _current_event
 from faust.transport.consumer import Consumer as FaustConsumer
+from faust.transport.consumer import ensure_TP
 from faust.types import TP
 
 from service import metrics
@@ -80,16 +90,20 @@ class OffsetGuard:
     def governs(self, topic: str) -> bool:
         return topic in self.topics
 
-    async def position(self, consumer: Any) -> None:
-        """After Faust's seek to committed: seek every governed partition to its start."""
+    async def position(self, consumer: Any, committed: Mapping[Any, int | None]) -> None:
+        """After Faust's seek to committed: seek every governed partition to its start.
+
+        ``committed`` is what the group coordinator answered for this assignment. Not Faust's
+        ``_read_offset``: Faust advances that for every record its fetcher delivers, so by the
+        time this runs it can already stand past records nobody processed.
+        """
         tps = [tp for tp in consumer.assignment() if tp.topic in self.topics]
         if not tps:
             return
         earliest = await consumer.earliest_offsets(*tps)
         for tp in tps:
-            # Faust's perform_seek keeps a committed 0 in _read_offset (_committed_offset has None).
-            committed = consumer._read_offset.get(tp)
-            start = max(committed or 0, earliest.get(tp) or 0)
+            offset = committed.get(tp)
+            start = max(offset if offset is not None and offset >= 0 else 0, earliest.get(tp) or 0)
             await consumer.seek(tp, start)
             self.ledger.assigned((tp.topic, tp.partition), start)
             self._sought.pop((tp.topic, tp.partition), None)
@@ -193,6 +207,20 @@ def _guard_of(consumer: Any) -> OffsetGuard | None:
     return getattr(consumer.app, _GUARD_ATTR, None)
 
 
+class _UnfilteredReadOffsets(defaultdict[Any, int | None]):
+    """Faust's read offsets, reading as None for governed topics so its fetch loop drops
+    nothing there (see the module docstring); writes and other topics are Faust's as before."""
+
+    def __init__(self, guard: OffsetGuard, offsets: Mapping[Any, int | None]) -> None:
+        super().__init__(lambda: None, offsets)
+        self._guard = guard
+
+    def __getitem__(self, tp: Any) -> int | None:
+        if self._guard.governs(tp.topic):
+            return None
+        return super().__getitem__(tp)
+
+
 _wrapped = False
 
 
@@ -202,14 +230,28 @@ def _wrap_faust_consumer() -> None:
         return
     _wrapped = True
     perform_seek = FaustConsumer.perform_seek
+    seek_to_committed = FaustConsumer.seek_to_committed
     on_partitions_revoked = FaustConsumer.on_partitions_revoked
     new_offset = FaustConsumer._new_offset
+    drain_messages = FaustConsumer._drain_messages
+
+    async def drain_unfiltered(self: Any, fetcher: Any) -> None:
+        guard = _guard_of(self)
+        if guard is not None and not isinstance(self._read_offset, _UnfilteredReadOffsets):
+            self._read_offset = _UnfilteredReadOffsets(guard, self._read_offset)
+        await drain_messages(self, fetcher)
+
+    async def seek_to_committed_and_keep(self: Any) -> Any:
+        committed = await seek_to_committed(self)
+        self._keylane_committed = dict(committed)  # what the coordinator said, for position()
+        return committed
 
     async def perform_seek_then_position(self: Any) -> None:
+        self._keylane_committed = {}
         await perform_seek(self)
         guard = _guard_of(self)
         if guard is not None:
-            await guard.position(self)
+            await guard.position(self, {ensure_TP(tp): o for tp, o in self._keylane_committed.items()})
 
     async def revoke_from_ledger(self: Any, revoked: Any) -> None:
         guard = _guard_of(self)
@@ -236,14 +278,65 @@ def _wrap_faust_consumer() -> None:
         self._acked_index[tp].clear()
         return guard.ledger.committable((tp.topic, tp.partition), self._committed_offset.get(tp))
 
+    FaustConsumer.seek_to_committed = seek_to_committed_and_keep  # type: ignore[method-assign]
     FaustConsumer.perform_seek = perform_seek_then_position  # type: ignore[method-assign]
     FaustConsumer.on_partitions_revoked = revoke_from_ledger  # type: ignore[method-assign]
     FaustConsumer._new_offset = ledger_offset  # type: ignore[method-assign]
+    FaustConsumer._drain_messages = drain_unfiltered  # type: ignore[method-assign]
 
 
-async def feed_lanes(stream: Any, lanes: LaneScheduler, handle: Callable[[Any], Awaitable[None]]) -> None:
+POISON_ATTEMPTS = 3
+POISON_BACKOFF_S = 0.2
+Poison = Callable[[Any, Exception], Awaitable[None]]
+
+
+async def _handle_or_dead_letter(
+    event: Any, handle: Callable[[Any], Awaitable[None]], on_poison: Poison | None
+) -> None:
+    """``handle(event)``, retried on an unexpected exception; after POISON_ATTEMPTS failures
+    ``on_poison(event, exc)`` dead-letters it and the record counts as finished."""
+    for attempt in range(1, POISON_ATTEMPTS + 1):
+        try:
+            await handle(event)
+            return
+        except Exception as exc:
+            message = event.message
+            if on_poison is None:
+                raise
+            if attempt < POISON_ATTEMPTS:
+                log.warning(
+                    "%s/%s/%s failed (attempt %s of %s); retrying",
+                    message.topic,
+                    message.partition,
+                    message.offset,
+                    attempt,
+                    POISON_ATTEMPTS,
+                    exc_info=True,
+                )
+                await asyncio.sleep(POISON_BACKOFF_S * attempt)
+                continue
+            log.exception(
+                "%s/%s/%s failed %s times; dead-lettering it and moving on",
+                message.topic,
+                message.partition,
+                message.offset,
+                POISON_ATTEMPTS,
+            )
+            metrics.POISON_RECORDS.labels(message.topic).inc()
+            await on_poison(event, exc)
+
+
+async def feed_lanes(
+    stream: Any,
+    lanes: LaneScheduler,
+    handle: Callable[[Any], Awaitable[None]],
+    *,
+    on_poison: Poison | None = None,
+) -> None:
     """Hand every event of a Faust stream to ``lanes``: ``handle(event)`` runs in the record's
-    lane under its event context, and the record is acked when the scheduler says so.
+    lane under its event context, and the record is acked when the scheduler says so. With
+    ``on_poison``, a record whose handling keeps raising is dead-lettered through it (see
+    the module docstring); without, a raise stops the lanes.
 
     When the app's offsets are guarded (``guard_offsets``), only records the ledger admits
     reach the lanes, and the ledger learns of each finished record in offset order.
@@ -266,7 +359,7 @@ async def feed_lanes(stream: Any, lanes: LaneScheduler, handle: Callable[[Any], 
 
         async def work(event: Any = event) -> None:
             with event_context(event):
-                await handle(event)
+                await _handle_or_dead_letter(event, handle, on_poison)
 
         async def ack(event: Any = event, tp: tuple[str, int] = tp) -> None:
             if guard is not None:

@@ -4,7 +4,9 @@ Per input record, in order (the job a lane runs):
 
 1. if the record sits on another partition than Kafka's default partitioner gives its key
    (a producer with another partitioner), re-produce it to the right partition and stop:
-   its key's state and continuation live there;
+   its key's state and continuation live there. The copy carries the original's position
+   (``keylane.origin``), so however often a crash makes this step repeat, the key applies
+   the record once;
 2. ``KeyRuntime.handle`` decides, reading the key's state from the table;
 3. the new state, if any, is written as one table value (one changelog record);
 4. every emitted record is handed to the producer, with its deterministic id in the
@@ -23,6 +25,7 @@ import logging
 from typing import Any
 
 import faust
+from faust.types import TP
 
 from service import metrics
 from service.catalog import (
@@ -36,7 +39,7 @@ from service.catalog import (
     TIMERS,
     Catalog,
 )
-from service.records import ID_HEADER, Emit, InputRecord
+from service.records import ID_HEADER, ORIGIN_HEADER, Emit, InputRecord, error_emit, origin_header
 from service.runtime.activation import KeyRuntime
 from service.runtime.api import AgentConfig
 from service.runtime.faust_glue import expected_partition, feed_lanes, guard_offsets
@@ -49,7 +52,6 @@ log = logging.getLogger(__name__)
 
 STATE_TABLE = "keylane-state"
 TIMER_SCAN_INTERVAL_S = 1.0
-REROUTED_HEADER = "keylane.rerouted-from"
 _RAW: dict[str, Any] = {
     "key_type": bytes,
     "value_type": bytes,
@@ -149,7 +151,17 @@ class AgentProcessor:
         app.on_before_shutdown.connect(self._stop_lanes)  # type: ignore[arg-type]  # mode types receivers as positional-only
 
     async def _consume(self, stream: Any) -> None:
-        await feed_lanes(stream, self.lanes, self.process)
+        await feed_lanes(stream, self.lanes, self.process, on_poison=self.dead_letter)
+
+    async def dead_letter(self, event: Any, exc: Exception) -> None:
+        """A record whose processing kept raising: its dead letter (raw bytes and the
+        exception) replaces it, and the partition moves on."""
+        message = event.message
+        record = InputRecord.of(self.logical_by_name[message.topic], message)
+        detail = f"{type(exc).__name__}: {exc}"
+        await self.publisher.publish(
+            error_emit(record, "processing_failed", detail, now_ms=self.runtime.clock())
+        )
 
     async def process(self, event: Any) -> None:
         """Steps 1-4 of the module docstring for one Faust event."""
@@ -158,7 +170,7 @@ class AgentProcessor:
         if key is not None and expected_partition(key, self.partitions) != message.partition:
             await self._reroute(message)
             return
-        record = InputRecord.of(self.logical_by_name[message.topic], message)
+        record = InputRecord.of(self.logical_by_name[message.topic], message, log_end=self._log_end(message))
         decision = await self.runtime.handle(record, self._state_of)
         if decision.new_state is not None:
             assert key is not None
@@ -202,11 +214,24 @@ class AgentProcessor:
     def _state_of(self, key: bytes) -> KeyState:
         return decode_state(self.table.get(key))
 
+    def _log_end(self, message: Any) -> int | None:
+        """The consumer's high watermark of the record's partition (None when unknown)."""
+        try:
+            end = self.app.consumer.highwater(TP(message.topic, message.partition))
+        except Exception:  # noqa: BLE001 - only a hint: a recreated topic goes unnoticed without it
+            return None
+        return end if isinstance(end, int) and end >= 0 else None
+
     async def _reroute(self, message: Any) -> None:
-        origin = f"{message.topic}/{message.partition}/{message.offset}"
         metrics.RECORDS_REROUTED.labels(self.logical_by_name[message.topic]).inc()
-        log.info("record %s is on the wrong partition for its key; re-producing it", origin)
-        headers = [*(message.headers or []), (REROUTED_HEADER, origin.encode())]
+        log.info(
+            "record %s/%s/%s is on the wrong partition for its key; re-producing it",
+            message.topic,
+            message.partition,
+            message.offset,
+        )
+        kept = [(k, v) for k, v in (message.headers or []) if k != ORIGIN_HEADER]
+        headers = [*kept, origin_header(message)]
         await self._reroute_topics[message.topic].send(
             key=message.key,
             value=message.value,

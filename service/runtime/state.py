@@ -6,13 +6,19 @@ either before or after an activation, never between: there is no second record t
 
 Next to the five cells the record keeps what redelivery safety needs:
 
-* ``applied``: the last input offset applied per source topic, so a redelivered input is
-  recognised and not run again under a new seq;
+* ``applied``: the last input offset applied per identity stream (``"<topic>/<partition>"``
+  of the original record, see ``InputRecord.identity``), so a redelivered input, or another
+  copy of it at a new offset, is recognised and not run again under a new seq. Blobs written
+  before streams keyed this by logical topic name; those entries are read for originals and
+  replaced on the key's next commit;
 * ``outbox``: the records a committed activation staged (outputs, intents, errors), until
   their delivery is confirmed; a redelivered input re-publishes its own entries;
 * ``buffered``: events that arrived while the key was suspended, run after the suspension;
 * ``timers``: the key's armed HITL and TTL timers (deadline and token), so a timer lives and
-  moves with the key's partition.
+  moves with the key's partition;
+* ``settled_intents``: the ids of the key's last SETTLED_INTENTS_KEPT intents that nobody
+  waits for any more (resumed, or emitted by an activation that completed), so their late or
+  repeated results are acknowledged instead of dead-lettered.
 
 Encoding: msgpack with field names (msgspec), never pickle. ``state_schema_version`` is on
 every blob; a blob from a newer version is refused (StateFromTheFuture) rather than guessed.
@@ -28,7 +34,8 @@ import msgspec
 from service.errors import KeylaneError
 from service.wire import TimerKind
 
-STATE_SCHEMA_VERSION = 1
+STATE_SCHEMA_VERSION = 2
+SETTLED_INTENTS_KEPT = 128
 
 IntentKind = Literal["tool", "approval"]
 
@@ -101,6 +108,7 @@ class OutboxRecord(msgspec.Struct, kw_only=True):
     origin_topic: str
     origin_offset: int
     label: str | None = None  # the error reason of an agent.errors record, for its metric
+    origin_stream: str = ""  # the input's identity stream (InputRecord.identity); "" before v1.1
 
 
 class BufferedEvent(msgspec.Struct, kw_only=True):
@@ -112,6 +120,7 @@ class BufferedEvent(msgspec.Struct, kw_only=True):
     origin_broker_topic: str
     origin_partition: int
     origin_offset: int
+    copy_of: tuple[str, int, int] | None = None  # the original's position when this was a copy
 
 
 class ArmedTimer(msgspec.Struct, kw_only=True):
@@ -134,6 +143,7 @@ class KeyState(msgspec.Struct, kw_only=True):
     outbox: list[OutboxRecord] = msgspec.field(default_factory=list)
     buffered: list[BufferedEvent] = msgspec.field(default_factory=list)
     timers: dict[TimerKind, ArmedTimer] = msgspec.field(default_factory=dict)
+    settled_intents: list[str] = msgspec.field(default_factory=list)
 
 
 class _VersionProbe(msgspec.Struct):
