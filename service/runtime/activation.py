@@ -337,6 +337,14 @@ class KeyRuntime:
             raise ActivationFailed(
                 "activation_error", f"agent returned {type(outcome).__name__}, expected Complete or Suspend"
             )
+        # Checked here, not when written: a value state cannot encode would fail the key's
+        # next input with CorruptState instead of failing this activation.
+        carried = outcome.output if isinstance(outcome, Complete) else outcome.snapshot
+        if not isinstance(carried, bytes):
+            what = "Complete.output" if isinstance(outcome, Complete) else "Suspend.snapshot"
+            raise ActivationFailed(
+                "activation_error", f"{what} must be bytes, got {type(carried).__name__}; encode it first"
+            )
         wall_ms = (time.perf_counter() - started) * 1000
 
         pending = dict(state.pending) if cont is not None else {}

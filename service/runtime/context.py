@@ -202,8 +202,9 @@ class ActivationContext:
         except msgspec.DecodeError as exc:
             raise ValueError(f"args_json for {tool!r} is not valid JSON: {exc}") from None
         ttl = self._intent_ttl_ms if ttl_ms is None else ttl_ms
-        if ttl <= 0:
-            raise ValueError(f"ttl_ms must be positive, got {ttl}")
+        # A float would be written into state that never decodes again (intents are ints).
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl <= 0:
+            raise ValueError(f"ttl_ms must be a positive whole number of milliseconds, got {ttl!r}")
         intent = ToolIntent(
             intent_id=ids.intent_id(self.entity_key, self.seq, self._step_index),
             entity_key=self.entity_key.decode(),

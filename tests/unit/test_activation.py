@@ -297,3 +297,37 @@ async def test_events_arriving_while_suspended_wait_and_run_in_order_after_the_r
     assert drained.continuation is None
     assert drained.seq == 5
     assert [e.topic for e in harness.published] == [INTENTS, OUTPUT, OUTPUT, OUTPUT, OUTPUT]
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [Complete(output="text"), Suspend(snapshot="text")],  # type: ignore[arg-type]
+    ids=["str-output", "str-snapshot"],
+)
+async def test_an_outcome_state_cannot_carry_fails_the_activation_and_changes_nothing(
+    outcome: Complete | Suspend,
+) -> None:
+    async def returns_text(ctx: ActivationContext) -> Complete | Suspend:
+        return outcome
+
+    harness = AgentHarness(returns_text, AgentConfig(), clock=ManualClock())
+    decision = await harness.send_event(KEY, "hello")
+
+    assert decision.new_state is None
+    [error] = harness.errors()
+    assert error.reason == "activation_error" and "must be bytes" in error.detail
+    await harness.send_event(KEY, "again")  # the key's state still decodes
+    assert harness.state(KEY).seq == 0
+
+
+async def test_a_float_intent_ttl_fails_the_activation() -> None:
+    async def float_ttl(ctx: ActivationContext) -> Complete:
+        ctx.act("refund", "{}", ttl_ms=1.5)  # type: ignore[arg-type]
+        return Complete(b"x")
+
+    harness = AgentHarness(float_ttl, AgentConfig(), clock=ManualClock())
+    await harness.send_event(KEY, "hello")
+
+    [error] = harness.errors()
+    assert error.reason == "activation_error" and "whole number" in error.detail
+    assert harness.state(KEY).seq == 0
