@@ -57,6 +57,10 @@ def arm(state: KeyState, *, ttl_ms: int, now_ms: int) -> KeyState:
     return replace(state, timers=timers)
 
 
+COMPACT_FACTOR = 4  # a key has at most two timers, each with a pending and a resend entry
+COMPACT_SLACK = 1024
+
+
 class TimerIndex:
     """Which keys of this worker's partitions have timers, and when they are due.
 
@@ -77,12 +81,27 @@ class TimerIndex:
         for kind, old in self._by_key.get(key, {}).items():
             if timers.get(kind) != old:
                 self._sent.pop((key, old.token), None)
+        previous = self._by_key.get(key, {})
         if timers:
             self._by_key[key] = timers
             for kind, timer in timers.items():
-                heapq.heappush(self._heap, (timer.deadline_ms, key, kind, timer.token))
+                if previous.get(kind) != timer:
+                    heapq.heappush(self._heap, (timer.deadline_ms, key, kind, timer.token))
         else:
             self._by_key.pop(key, None)
+        # Every commit re-arms a key's TTL, leaving its old entry behind until that deadline:
+        # without compaction the heap grows with commits, not with keys.
+        if len(self._heap) > COMPACT_FACTOR * len(self._by_key) + COMPACT_SLACK:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop superseded entries: keep only those whose token is still armed."""
+        self._heap = [
+            entry
+            for entry in self._heap
+            if (armed := self._by_key.get(entry[1], {}).get(entry[2])) is not None and armed.token == entry[3]
+        ]
+        heapq.heapify(self._heap)
 
     def rebuild(self, states: Iterable[tuple[bytes, KeyState]]) -> None:
         """Start over from the committed states of the partitions this worker now owns."""

@@ -1165,3 +1165,19 @@ def test_a_sent_fire_is_sent_again_while_the_state_still_holds_its_token() -> No
     )
     index.update(KEY, KeyState(seq=4))
     assert index.due(1_000 + 3 * RESEND_AFTER_MS) == [], "once the state moved on, never again"
+
+
+def test_the_timer_index_grows_with_keys_not_with_commits() -> None:
+    """Every commit re-arms the TTL; 200 commits per key over 100 keys must not leave 20,000
+    heap entries behind (it grew by one entry per commit)."""
+    from service.runtime.timers import COMPACT_FACTOR, COMPACT_SLACK
+
+    index = TimerIndex()
+    for commit in range(200):
+        for k in range(100):
+            state = arm(KeyState(seq=commit), ttl_ms=3_600_000, now_ms=1_000 * commit)
+            index.update(f"k{k}".encode(), state)
+    assert len(index) == 100
+    assert len(index._heap) <= COMPACT_FACTOR * 100 + COMPACT_SLACK
+    due = index.due(1_000 * 199 + 3_600_000)
+    assert len(due) == 100, "each key's latest TTL is still due exactly once"
