@@ -1,32 +1,38 @@
 """The effector on Faust: agent.intents -> execute once -> agent.results.
 
-Per intent, in order (partitions run in parallel, one intent at a time per partition):
+Partitions run in parallel, one intent at a time per partition (``PartitionLanes``); what
+each intent goes through is in handler.py. What this module adds is the Faust side, and
+the one rule that keeps a rebalance from ever running a tool twice:
 
-1. decode it; a bad record becomes ``malformed_record`` on agent.errors; under
-   ``KEYLANE_INTENT_SIGNATURES=require`` an unsigned or badly signed intent becomes
-   ``unsigned_intent`` and its tool never runs;
-2. refuse it when expired (``expires_at_ms`` at or before now): publish status EXPIRED
-   without touching the dedup store;
-3. claim it (see claims.py): Done republishes the stored result, InFlight waits for the
-   holder's lease, Claimed goes on;
-4. make the claim durable (flush), then execute the tool with its timeout;
-5. record Done with the result, publish the ToolResult keyed by the intent's physical key;
-6. ack. Faust flushes the producer before committing the offset, so the offset is
-   committed only after the result was published.
+**A revocation lets every running attempt finish.** The claim table lives in Faust tables
+whose changelog the next owner restores; an attempt cancelled mid-tool (the lanes cancel
+work after their grace period, and a cancelled ``asyncio.to_thread`` keeps running) would
+leave a claim without Done, and the next owner would wait out the lease and face the
+intent in doubt. So the effector's revocation grace is its longest attempt (the longest
+tool timeout, twice for a tool with a reconcile hook) plus a margin, not the worker's 10 s:
+a running tool finishes within its timeout, records Done and hands its result to the
+producer; Faust then flushes the producer and commits before this member rejoins the
+group, and the next owner restores a changelog that already holds Done. No attempt starts
+once a revocation has begun (handler.py), so the grace covers whatever is running. For the
+group to wait that long, the consumer's rebalance timeout (and the request timeout its
+JoinGroup waits under) are raised above the grace period.
+
+The alternative — letting the next owner see the outcome through the lease alone — cannot
+work: the outcome of a cancelled attempt is unknowable to anyone but the tool's own system,
+which is what ``reconcile`` is for (the crash window, docs/effector.md). The price of the
+rule: an effector rebalance may take up to the longest tool timeout while a tool runs.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 import faust
 
-from service import metrics
-from service.catalog import INTENTS, RESULTS, Catalog
-from service.effector.claims import ClaimStore, Done, InFlight
-from service.effector.execute import execute, result_of
+from service.catalog import INTENTS, Catalog
+from service.effector.claims import ClaimStore
+from service.effector.handler import EffectorIO, Headers, IntentHandler, revocation_grace_s
 from service.records import Emit, InputRecord, error_emit
 from service.runtime.activation import Clock, wall_clock_ms
 from service.runtime.faust_glue import feed_lanes, guard_offsets
@@ -34,16 +40,54 @@ from service.runtime.lanes import PartitionLanes
 from service.runtime.processor import Publisher, raw_topic
 from service.signing import Keyring, Mode
 from service.tools import ToolRegistry
-from service.wire import MalformedRecord, ToolIntent, ToolResult, decode, encode
 
 log = logging.getLogger(__name__)
 
 CLAIMS_TABLE = "effector-claims"
-LEASE_MARGIN_MS = 30_000
+REBALANCE_MARGIN_S = 15.0
+"""How much longer than the grace period the group waits for a member to rejoin."""
+FAUST_REBALANCE_TIMEOUT_S = 60.0
+FAUST_REQUEST_TIMEOUT_S = 90.0
+
+
+class EffectorLanes(PartitionLanes):
+    """PartitionLanes that say whether a revocation is under way (``revoking``)."""
+
+    revoking: bool = False
+
+    async def revoke(self, grace_s: float) -> int:
+        self.revoking = True
+        return await super().revoke(grace_s)
+
+    def resume(self) -> None:
+        self.revoking = False
+        super().resume()
+
+
+class FaustEffectorIO(EffectorIO):
+    """The handler's Kafka side on a Faust app: publishes through ``Publisher``, re-routes
+    to agent.intents, flushes the app's producer."""
+
+    def __init__(self, app: faust.App, publisher: Publisher, intents: Any) -> None:
+        self._app = app
+        self._publisher = publisher
+        self._intents = intents
+
+    async def publish(self, emit: Emit) -> None:
+        await self._publisher.publish(emit)
+
+    async def reroute(self, *, key: bytes, value: bytes | None, partition: int, headers: Headers) -> None:
+        await self._intents.send(key=key, value=value, partition=partition, headers=headers)
+
+    async def flush(self) -> None:
+        await self._app.producer.flush()
 
 
 class Effector:
-    """Installs the effector's Faust agent and claim table on an app."""
+    """Installs the effector's Faust agent and claim table on an app, and sets the app's
+    revocation grace and group timeouts so a rebalance never re-runs a tool (module
+    docstring). Tools must be registered before it is built: the grace is computed from
+    the registry then."""
 
     def __init__(
         self,
@@ -56,14 +100,10 @@ class Effector:
         keyring: Keyring | None = None,
         intent_signatures: Mode = "off",
     ) -> None:
-        self.keyring = keyring or Keyring({})
-        self.intent_signatures = intent_signatures
         self.app = app
         self.catalog = catalog
         self.registry = registry
-        self.tool_timeout_s = tool_timeout_s
-        self.clock = clock
-        self.lanes = PartitionLanes()
+        self.lanes = EffectorLanes()
         self.publisher = Publisher(app, catalog)
         source = raw_topic(app, catalog.name(INTENTS))
         self.table = app.Table(
@@ -74,12 +114,43 @@ class Effector:
             value_type=bytes,
         )
         self.claims = ClaimStore(self.table)
+        self.handler = IntentHandler(
+            registry,
+            self.claims,
+            FaustEffectorIO(app, self.publisher, raw_topic(app, catalog.name(INTENTS))),
+            partitions=catalog[INTENTS].partitions,
+            tool_timeout_s=tool_timeout_s,
+            clock=clock,
+            keyring=keyring,
+            intent_signatures=intent_signatures,
+            revoking=lambda: self.lanes.revoking,
+        )
         self.offsets = guard_offsets(app, [catalog.name(INTENTS)])
+        self.grace_s = revocation_grace_s(registry.specs(), tool_timeout_s)
+        self.offsets.grace_s = max(self.offsets.grace_s, self.grace_s)
+        # Set, never read first: Faust warns when a setting it already handed out changes.
+        rebalance_timeout_s = max(FAUST_REBALANCE_TIMEOUT_S, self.grace_s + REBALANCE_MARGIN_S)
+        app.conf.broker_rebalance_timeout = rebalance_timeout_s
+        app.conf.broker_request_timeout = max(
+            FAUST_REQUEST_TIMEOUT_S, rebalance_timeout_s + REBALANCE_MARGIN_S
+        )
+        log.info(
+            "effector revocation grace %.0fs, rebalance timeout %.0fs (longest tool attempt + margins)",
+            self.grace_s,
+            rebalance_timeout_s,
+        )
         app.agent(source, name="keylane.effector")(self._consume)
         app.on_before_shutdown.connect(self._stop_lanes)  # type: ignore[arg-type]  # see processor.py
 
     async def _consume(self, stream: Any) -> None:
-        await feed_lanes(stream, self.lanes, self._handle_event)
+        await feed_lanes(stream, self.lanes, self._handle_event, on_poison=self._dead_letter)
+
+    async def _dead_letter(self, event: Any, exc: Exception) -> None:
+        """An intent whose handling kept raising: a dead letter replaces it, the partition
+        moves on, and its tool never ran past a Done it could not record."""
+        record = InputRecord.of(INTENTS, event.message)
+        detail = f"{type(exc).__name__}: {exc}"
+        await self.publisher.publish(error_emit(record, "processing_failed", detail, now_ms=wall_clock_ms()))
 
     async def _handle_event(self, event: Any) -> None:
         await self.handle(event.message)
@@ -89,58 +160,5 @@ class Effector:
         await self.offsets.close()
 
     async def handle(self, message: Any) -> None:
-        """Steps 1-5 of the module docstring for one agent.intents record."""
-        record = InputRecord.of(INTENTS, message)
-        try:
-            intent = decode(message.value, ToolIntent)
-        except MalformedRecord as exc:
-            await self.publisher.publish(
-                error_emit(record, "malformed_record", exc.detail, now_ms=self.clock())
-            )
-            return
-        if self.intent_signatures != "off":
-            verdict = self.keyring.verify(intent)
-            if verdict != "ok":
-                metrics.UNSIGNED.labels("intent").inc()
-                if self.intent_signatures == "require":
-                    detail = f"{verdict}: intent {intent.intent_id} for tool {intent.tool!r} not executed"
-                    emit = error_emit(
-                        record, "unsigned_intent", detail, now_ms=self.clock(), intent_id=intent.intent_id
-                    )
-                    await self.publisher.publish(emit)
-                    return
-                log.warning("intent %s is %s; executed (permissive mode)", intent.intent_id, verdict)
-        if intent.expires_at_ms <= self.clock():
-            await self._publish(intent, result_of(intent, "EXPIRED", error="intent expired before execution"))
-            return
-        lease_ms = int(self.tool_timeout_s * 1000) + LEASE_MARGIN_MS
-        while True:
-            outcome = self.claims.claim(intent.intent_id, now_ms=self.clock(), lease_ms=lease_ms)
-            if isinstance(outcome, Done):
-                metrics.EFFECTOR_REPUBLISHED.inc()
-                await self._publish_raw(intent, outcome.result)
-                return
-            if isinstance(outcome, InFlight):
-                wait_s = max(0.25, (outcome.lease_until_ms - self.clock()) / 1000)
-                log.warning(
-                    "intent %s is held by an earlier attempt; waiting %.1fs", intent.intent_id, wait_s
-                )
-                await asyncio.sleep(wait_s)
-                continue
-            break
-        await self.app.producer.flush()  # the claim is durable before the side effect happens
-        metrics.EFFECTOR_EXECUTIONS.inc()
-        result = await execute(intent, self.registry, default_timeout_s=self.tool_timeout_s)
-        encoded = encode(result)
-        self.claims.complete(intent.intent_id, encoded, now_ms=self.clock())
-        await self._publish_raw(intent, encoded, status=result.status)
-
-    async def _publish(self, intent: ToolIntent, result: ToolResult) -> None:
-        await self._publish_raw(intent, encode(result), status=result.status)
-
-    async def _publish_raw(self, intent: ToolIntent, result: bytes, *, status: str | None = None) -> None:
-        await self.publisher.publish(
-            Emit(record_id=intent.intent_id, topic=RESULTS, key=intent.entity_key.encode(), value=result)
-        )
-        if status is not None:
-            metrics.EFFECTOR_INTENTS.labels(status).inc()
+        """One agent.intents record (handler.py's steps)."""
+        await self.handler.handle(message)

@@ -52,7 +52,7 @@ def makefile_targets() -> set[str]:
 
 SHELL_BLOCKS = blocks({"bash", "sh", "shell"})
 PYTHON_BLOCKS = blocks({"python"})
-EXECUTED_DOCS = ("docs/providers.md#",)
+EXECUTED_DOCS = ("docs/providers.md#", "docs/effector.md#")
 EXECUTED_BLOCKS = [(where, code) for where, code in PYTHON_BLOCKS if where.startswith(EXECUTED_DOCS)]
 
 

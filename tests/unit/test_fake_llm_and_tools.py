@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from service.effector.claims import Claimed, ClaimStore, Done, InFlight
+from service.effector.claims import Claimed, ClaimStore, Done, InDoubt, InFlight
 from service.effector.execute import execute
 from service.llm import (
     FakeLLM,
@@ -314,7 +314,8 @@ def test_a_claim_is_exclusive_while_its_lease_lives_and_done_forever_after_compl
     assert store.claim("i-1", now_ms=1_000, lease_ms=500) == Claimed()
     assert store.claim("i-1", now_ms=1_499, lease_ms=500) == InFlight(lease_until_ms=1_500)
     assert store.claim("i-2", now_ms=1_499, lease_ms=500) == Claimed()  # claims are per intent
-    assert store.claim("i-1", now_ms=1_500, lease_ms=500) == Claimed()  # the lease ran out
+    # The lease ran out with no Done: claimed again, and in doubt (the attempt may have run).
+    assert store.claim("i-1", now_ms=1_500, lease_ms=500) == InDoubt(claimed_at_ms=1_000)
     assert store.claim("i-1", now_ms=1_600, lease_ms=500) == InFlight(lease_until_ms=2_000)
 
     store.complete("i-1", b'{"status":"OK"}', now_ms=1_700)
