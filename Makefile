@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 BROKER := $(PY) deploy/kafka/local_kafka.py
 PYTEST_ARGS ?=
 
-.PHONY: help install system-deps lint test run broker broker-stop clean bench bench-quick bench-gate
+.PHONY: help install system-deps lint test chaos run broker broker-stop clean bench bench-quick bench-gate
 
 help:
 	@echo "make run          install, start a local Kafka, apply topics, run a worker (Ctrl-C stops all)"
@@ -17,6 +17,7 @@ help:
 	@echo "make broker       start a local single-node Kafka 3.9 (NODES=3 for a cluster) and print its address"
 	@echo "make broker-stop  stop the local Kafka started by 'make broker'"
 	@echo "make lint         ruff and mypy --strict"
+	@echo "make chaos        the long kill -9 chaos runs (CHAOS_SEEDS, CHAOS_EVENTS, CHAOS_KILLS; about 15 min a seed)"
 	@echo "make bench        every benchmark (about 10 min); writes bench-report.md"
 	@echo "make bench-quick  a one-minute smoke run of the same harness"
 	@echo "make bench-gate   fail if the last run misses the seed's budget or the fan-out ratio"
@@ -41,6 +42,18 @@ lint: install
 # pytest exits 5 when it collected nothing; make treats that like any other failure.
 test: lint
 	$(PY) -m pytest -v $(PYTEST_ARGS)
+
+# The long chaos runs: every seed in CHAOS_SEEDS, all of them even when one fails.
+CHAOS_SEEDS ?= 1 2 3
+CHAOS_EVENTS ?= 10000
+CHAOS_KILLS ?= 30
+chaos: install
+	@failed=""; for seed in $(CHAOS_SEEDS); do \
+		echo "== chaos seed $$seed: $(CHAOS_EVENTS) events, $(CHAOS_KILLS) kills"; \
+		CHAOS_SEED=$$seed CHAOS_EVENTS=$(CHAOS_EVENTS) CHAOS_KILLS=$(CHAOS_KILLS) \
+			$(PY) -m pytest -v -s -m chaos tests/chaos $(PYTEST_ARGS) || failed="$$failed $$seed"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "chaos failed for seeds:$$failed"; exit 1; fi
 
 bench: install
 	$(PY) -m bench.run --size full

@@ -1,0 +1,120 @@
+"""Exactly once in effect under kill -9: a seeded chaos run against a real broker.
+
+Two workers and an effector run as real processes while the real `kcat` produces a paced
+stream; a seeded schedule kill -9s one of the three at a time and restarts it. Then every
+user-visible outcome is checked (see tests/chaos/harness.py) and every violation reported.
+
+CI runs one short seed per variant. `make chaos` runs the long version:
+CHAOS_EVENTS=10000 CHAOS_KILLS=30 over several CHAOS_SEEDs. To replay a failure, set the
+CHAOS_SEED / CHAOS_EVENTS / CHAOS_KEYS / CHAOS_KILLS the failure message prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from service.catalog import EVENTS, Catalog
+from service.config import Settings
+from tests.chaos.harness import (
+    VARIANTS,
+    PacedKcat,
+    Plan,
+    Variant,
+    check,
+    input_groups,
+    read_end_state,
+    wait_for_commits,
+    wait_for_outputs,
+)
+from tests.processes import KeylaneProcess, process_env
+
+_EVENTS = int(os.environ.get("CHAOS_EVENTS", "300"))
+_KILLS = int(os.environ.get("CHAOS_KILLS", "10"))
+# Per kill: the pause (<= 4 s) and a restart that waits for readiness and a rebalance.
+TIMEOUT_S = 600 + 40 * _KILLS + _EVENTS // 10
+OUTPUTS_TIMEOUT_S = 180 + _EVENTS / 20
+COMMITS_TIMEOUT_S = 120.0
+TOOL_TIMEOUT_S = "5"  # the effector's claim lease is this + 30 s: a killed claim waits that long
+
+pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])
+async def test_kill_9_chaos_keeps_exactly_once_in_effect(
+    settings: Settings, catalog: Catalog, tmp_path: Path, variant: Variant
+) -> None:
+    plan = Plan.from_env(variant)
+    header = (
+        f"chaos variant={variant.name} {plan.describe()}\n"
+        f"replay: CHAOS_SEED={plan.seed} CHAOS_EVENTS={len(plan.events)} "
+        f"CHAOS_KEYS={os.environ.get('CHAOS_KEYS', '40')} CHAOS_KILLS={len(plan.kills)} "
+        f"pytest 'tests/chaos/test_exactly_once_chaos.py::"
+        f"test_kill_9_chaos_keeps_exactly_once_in_effect[{variant.name}]'\nlogs: {tmp_path}"
+    )
+    print(header, flush=True)
+    tool_ledger, llm_ledger = tmp_path / "tools.jsonl", tmp_path / "llm.jsonl"
+    env = process_env(settings, TOOL_LEDGER=str(tool_ledger), LLM_LEDGER=str(llm_ledger))
+    worker_args = ["worker", "--agent", "tests.agents.counter:agent", "--config", variant.config_ref]
+    processes = {
+        "effector": KeylaneProcess(
+            ["effector", "--tools", "tests.agents.counter", "--tool-timeout", TOOL_TIMEOUT_S],
+            env,
+            tmp_path / "effector.log",
+        ),
+        **{
+            name: KeylaneProcess(
+                worker_args, {**env, "KEYLANE_DATA_DIR": str(tmp_path / name)}, tmp_path / f"{name}.log"
+            )
+            for name in ("worker-a", "worker-b")
+        },
+    }
+    crashed: list[str] = []
+    started = time.monotonic()
+    for process in processes.values():
+        await asyncio.to_thread(process.start)
+    stream = PacedKcat(settings, catalog.name(EVENTS), variant.partitioner, tmp_path / "kcat.log")
+    try:
+        for chunk, kill in zip(plan.chunks, plan.kills, strict=False):
+            stream.flow(chunk, over_s=kill.pause_s * 1.5)  # still flowing when the kill lands
+            await asyncio.sleep(kill.pause_s)  # the schedule's pause, not a wait for a result
+            for name, process in processes.items():
+                if process.proc is not None and process.proc.poll() is not None:
+                    crashed.append(f"{name} exited by itself with {process.proc.returncode}")
+                    await asyncio.to_thread(process.start)
+            victim = processes[kill.victim]
+            victim.kill9()
+            await asyncio.to_thread(victim.start)
+        stream.flow(plan.chunks[-1], over_s=2.0)
+        await asyncio.to_thread(stream.finish)
+    except BaseException:
+        stream.kill()
+        raise
+    streamed_s = time.monotonic() - started
+
+    missing = await wait_for_outputs(settings, catalog, plan, timeout_s=OUTPUTS_TIMEOUT_S)
+    groups = input_groups(settings, catalog, sharded=variant.shards is not None)
+    lags = await wait_for_commits(settings, groups, timeout_s=COMMITS_TIMEOUT_S)
+    for name, process in processes.items():
+        if process.proc is not None and process.proc.poll() is not None:
+            crashed.append(f"{name} exited by itself with {process.proc.returncode}")
+    for process in processes.values():
+        process.stop()
+    state = await read_end_state(
+        settings, catalog, tool_ledger, llm_ledger, sharded=variant.shards is not None
+    )
+
+    found = check(plan, state, lags, sharded=variant.shards is not None)
+    for line in crashed:
+        found.add("process exited without being killed", line)
+    found.figures["events_without_output_at_deadline"] = len(missing)
+    found.figures["stream_and_kills_s"] = round(streamed_s, 1)
+    found.figures["total_s"] = round(time.monotonic() - started, 1)
+    report = found.report(header)
+    print(report, flush=True)
+    assert not found, report
