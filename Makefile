@@ -17,7 +17,7 @@ help:
 	@echo "make broker       start a local single-node Kafka 3.9 (NODES=3 for a cluster) and print its address"
 	@echo "make broker-stop  stop the local Kafka started by 'make broker'"
 	@echo "make lint         ruff and mypy --strict"
-	@echo "make chaos        the long kill -9 chaos runs (CHAOS_SEEDS, CHAOS_EVENTS, CHAOS_KILLS; about 15 min a seed)"
+	@echo "make chaos        the long kill -9 chaos runs (CHAOS_SEEDS, CHAOS_EVENTS, CHAOS_KILLS; about 20 min a seed)"
 	@echo "make bench        every benchmark (about 10 min); writes bench-report.md"
 	@echo "make bench-quick  a one-minute smoke run of the same harness"
 	@echo "make bench-gate   fail if the last run misses the seed's budget or the fan-out ratio"

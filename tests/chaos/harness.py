@@ -17,12 +17,13 @@ import itertools
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -35,8 +36,10 @@ from service.keys import shard_key
 from service.topic_admin import admin_client
 from service.topic_reader import TopicRecord, partition_ids, read_to_end
 from service.wire import AgentEnvelope, ErrorRecord, MalformedRecord, ToolIntent, decode
+from tests.processes import KeylaneProcess
 
 VICTIMS = ("worker-a", "worker-b", "effector")
+Poll = Callable[[], Awaitable[None]] | None
 EXAMPLES = 3  # examples shown per kind of violation
 
 
@@ -205,6 +208,65 @@ class PacedKcat:
                 time.sleep(delay)
 
 
+class Supervisor:
+    """Starts, kills and restarts the run's processes. A process that dies on its own, or
+    fails to start, is recorded with the exception its log ends with, and started again:
+    the run goes on, and the crash is reported with everything else."""
+
+    def __init__(self, processes: dict[str, KeylaneProcess], *, attempts: int = 3) -> None:
+        self.processes = processes
+        self.attempts = attempts
+        self.unplanned: list[str] = []
+        self._log_from: dict[str, int] = {}
+
+    async def start(self, name: str) -> None:
+        process = self.processes[name]
+        for attempt in range(1, self.attempts + 1):
+            self._log_from[name] = process.log_path.stat().st_size if process.log_path.exists() else 0
+            try:
+                await asyncio.to_thread(process.start)
+                return
+            except AssertionError:
+                assert process.proc is not None
+                if process.proc.poll() is None:
+                    process.kill9()
+                    self.unplanned.append(f"{name} was not ready in time (start attempt {attempt})")
+                else:
+                    self.unplanned.append(
+                        f"{name} exited with {process.proc.returncode} while starting: {self.reason(name)}"
+                    )
+        raise AssertionError(f"{name} did not start in {self.attempts} attempts; see {process.log_path}")
+
+    async def kill9_and_restart(self, name: str) -> None:
+        self.processes[name].kill9()
+        await self.start(name)
+
+    async def keep_alive(self) -> None:
+        await self.check_alive(restart=True)
+
+    async def check_alive(self, *, restart: bool) -> None:
+        """Record every process that exited by itself; start it again if ``restart``."""
+        for name, process in self.processes.items():
+            if process.proc is not None and process.proc.poll() is not None:
+                self.unplanned.append(
+                    f"{name} exited by itself with {process.proc.returncode}: {self.reason(name)}"
+                )
+                if restart:
+                    await self.start(name)
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.proc is not None:
+                process.stop()
+
+    def reason(self, name: str) -> str:
+        """The last exception line logged since the process was last started."""
+        process = self.processes[name]
+        text = process.log_path.read_bytes()[self._log_from.get(name, 0) :].decode(errors="replace")
+        errors = re.findall(r"^(?:\w+\.)*\w*(?:Error|Exception)\b.*$", text, flags=re.MULTILINE)
+        return errors[-1].strip() if errors else f"no exception in its log ({process.log_path})"
+
+
 # --- reading the end state -------------------------------------------------------------------
 
 
@@ -253,9 +315,11 @@ async def read_end_state(
     )
 
 
-async def wait_for_outputs(settings: Settings, catalog: Catalog, plan: Plan, *, timeout_s: float) -> set[str]:
+async def wait_for_outputs(
+    settings: Settings, catalog: Catalog, plan: Plan, *, timeout_s: float, between: Poll = None
+) -> set[str]:
     """Poll agent.output until every event of the plan has an output; returns the events still
-    without one when the deadline passed (empty: all arrived)."""
+    without one when the deadline passed (empty: all arrived). ``between`` runs between polls."""
     wanted = {e.event_id for e in plan.events}
     deadline = time.monotonic() + timeout_s
     while True:
@@ -269,6 +333,8 @@ async def wait_for_outputs(settings: Settings, catalog: Catalog, plan: Plan, *, 
         if not missing or time.monotonic() > deadline:
             return missing
         await asyncio.sleep(1.0)
+        if between is not None:
+            await between()
 
 
 @dataclass(frozen=True)
@@ -314,16 +380,19 @@ async def committed_lags(settings: Settings, groups: dict[str, list[str]]) -> li
 
 
 async def wait_for_commits(
-    settings: Settings, groups: dict[str, list[str]], *, timeout_s: float
+    settings: Settings, groups: dict[str, list[str]], *, timeout_s: float, between: Poll = None
 ) -> list[Lag]:
     """Poll until every group committed up to the end of every input partition; returns the
-    partitions still lagging when the deadline passed (empty: all caught up)."""
+    partitions still lagging when the deadline passed (empty: all caught up). ``between``
+    runs between polls."""
     deadline = time.monotonic() + timeout_s
     while True:
         lags = await committed_lags(settings, groups)
         if not lags or time.monotonic() > deadline:
             return lags
         await asyncio.sleep(1.0)
+        if between is not None:
+            await between()
 
 
 # --- the checks ------------------------------------------------------------------------------

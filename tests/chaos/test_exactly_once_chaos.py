@@ -24,6 +24,7 @@ from tests.chaos.harness import (
     VARIANTS,
     PacedKcat,
     Plan,
+    Supervisor,
     Variant,
     check,
     input_groups,
@@ -55,7 +56,8 @@ async def test_kill_9_chaos_keeps_exactly_once_in_effect(
         f"replay: CHAOS_SEED={plan.seed} CHAOS_EVENTS={len(plan.events)} "
         f"CHAOS_KEYS={os.environ.get('CHAOS_KEYS', '40')} CHAOS_KILLS={len(plan.kills)} "
         f"pytest 'tests/chaos/test_exactly_once_chaos.py::"
-        f"test_kill_9_chaos_keeps_exactly_once_in_effect[{variant.name}]'\nlogs: {tmp_path}"
+        f"test_kill_9_chaos_keeps_exactly_once_in_effect[{variant.name}]'\n"
+        f"logs: {tmp_path}; topics: {settings.topic_prefix}agent.*; group: {settings.app_id}"
     )
     print(header, flush=True)
     tool_ledger, llm_ledger = tmp_path / "tools.jsonl", tmp_path / "llm.jsonl"
@@ -74,22 +76,17 @@ async def test_kill_9_chaos_keeps_exactly_once_in_effect(
             for name in ("worker-a", "worker-b")
         },
     }
-    crashed: list[str] = []
+    supervisor = Supervisor(processes)
     started = time.monotonic()
-    for process in processes.values():
-        await asyncio.to_thread(process.start)
+    for name in processes:
+        await supervisor.start(name)
     stream = PacedKcat(settings, catalog.name(EVENTS), variant.partitioner, tmp_path / "kcat.log")
     try:
         for chunk, kill in zip(plan.chunks, plan.kills, strict=False):
             stream.flow(chunk, over_s=kill.pause_s * 1.5)  # still flowing when the kill lands
             await asyncio.sleep(kill.pause_s)  # the schedule's pause, not a wait for a result
-            for name, process in processes.items():
-                if process.proc is not None and process.proc.poll() is not None:
-                    crashed.append(f"{name} exited by itself with {process.proc.returncode}")
-                    await asyncio.to_thread(process.start)
-            victim = processes[kill.victim]
-            victim.kill9()
-            await asyncio.to_thread(victim.start)
+            await supervisor.check_alive(restart=True)
+            await supervisor.kill9_and_restart(kill.victim)
         stream.flow(plan.chunks[-1], over_s=2.0)
         await asyncio.to_thread(stream.finish)
     except BaseException:
@@ -97,21 +94,19 @@ async def test_kill_9_chaos_keeps_exactly_once_in_effect(
         raise
     streamed_s = time.monotonic() - started
 
-    missing = await wait_for_outputs(settings, catalog, plan, timeout_s=OUTPUTS_TIMEOUT_S)
+    keep_alive = supervisor.keep_alive  # a process that dies while the rest drains is restarted
+    missing = await wait_for_outputs(settings, catalog, plan, timeout_s=OUTPUTS_TIMEOUT_S, between=keep_alive)
     groups = input_groups(settings, catalog, sharded=variant.shards is not None)
-    lags = await wait_for_commits(settings, groups, timeout_s=COMMITS_TIMEOUT_S)
-    for name, process in processes.items():
-        if process.proc is not None and process.proc.poll() is not None:
-            crashed.append(f"{name} exited by itself with {process.proc.returncode}")
-    for process in processes.values():
-        process.stop()
+    lags = await wait_for_commits(settings, groups, timeout_s=COMMITS_TIMEOUT_S, between=keep_alive)
+    await supervisor.check_alive(restart=False)
+    supervisor.stop()
     state = await read_end_state(
         settings, catalog, tool_ledger, llm_ledger, sharded=variant.shards is not None
     )
 
     found = check(plan, state, lags, sharded=variant.shards is not None)
-    for line in crashed:
-        found.add("process exited without being killed", line)
+    for line in supervisor.unplanned:
+        found.add("process exited or hung without being killed", line)
     found.figures["events_without_output_at_deadline"] = len(missing)
     found.figures["stream_and_kills_s"] = round(streamed_s, 1)
     found.figures["total_s"] = round(time.monotonic() - started, 1)
