@@ -21,8 +21,11 @@ _started: list[KeylaneProcess] = []
 class KeylaneProcess:
     """One `keylane worker` or `keylane effector` process with its log file."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str], log_path: Path, *, module: str = "service.cli"
+    ) -> None:
         self.args = args
+        self.module = module
         self.env = env
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
@@ -31,7 +34,7 @@ class KeylaneProcess:
         readies_before = self.log().count(READY) if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", *self.args],
+                [sys.executable, "-m", self.module, *self.args],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

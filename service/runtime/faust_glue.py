@@ -19,7 +19,16 @@
   and the re-read was dropped, stalling the partition for good. For governed topics the
   loop sees no read offset (``_UnfilteredReadOffsets``); the ledger drops duplicates itself.
   Faust's Consumer gets five methods wrapped, once per process; apps that never call
-  ``guard_offsets`` keep Faust's behaviour.
+  ``guard_offsets`` keep Faust's behaviour. Each wrap is checked to be what the aiokafka
+  driver's consumer class really runs (a method a subclass overrides is never reached), and
+  a Faust outside the range pyproject.toml pins fails at start with its version named.
+* On revocation Faust drops the revoked partitions' acks before it waits for their records
+  and never commits them; ``OffsetGuard.commit_revoked`` commits the ledger's marks there.
+* Faust's ``Consumer.seek`` calls aiokafka's ``seek`` from the caller's thread, while
+  aiokafka's fetcher runs in Faust's consumer thread and iterates the same dict of fetched
+  records: a seek landing mid-iteration crashed the worker (KeyError in
+  ``fetched_records``). Every seek keylane makes goes through ``seek_wait``, which Faust runs
+  in the consumer thread.
 * A record whose processing raises is retried POISON_ATTEMPTS times, then handed to the
   caller's ``on_poison`` (a dead letter) and finished, so one bad record never wedges its
   partition and is never retried forever.
@@ -36,11 +45,13 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import murmur2
 from faust.streams import _current_event
 from faust.transport.consumer import Consumer as FaustConsumer
-from faust.transport.consumer import ensure_TP
+from faust.transport.consumer import ThreadDelegateConsumer, ensure_TP
+from faust.transport.drivers.aiokafka import Consumer as AIOKafkaDriverConsumer
 from faust.types import TP
 
 from service import metrics
@@ -70,6 +81,7 @@ _GUARD_ATTR = "_keylane_offset_guard"
 REBALANCE_GRACE_S = 10.0
 RESEEK_AFTER_S = 5.0
 PROBE_TIMEOUT_MS = 5000
+REVOKE_COMMIT_TIMEOUT_S = 10.0
 
 
 class OffsetGuard:
@@ -101,10 +113,12 @@ class OffsetGuard:
         if not tps:
             return
         earliest = await consumer.earliest_offsets(*tps)
+        starts = {}
         for tp in tps:
             offset = committed.get(tp)
-            start = max(offset if offset is not None and offset >= 0 else 0, earliest.get(tp) or 0)
-            await consumer.seek(tp, start)
+            starts[tp] = max(offset if offset is not None and offset >= 0 else 0, earliest.get(tp) or 0)
+        await consumer.seek_wait(starts)  # in the consumer thread: see the module docstring
+        for tp, start in starts.items():
             self.ledger.assigned((tp.topic, tp.partition), start)
             self._sought.pop((tp.topic, tp.partition), None)
         log.info("positioned %s input partitions at their committed offsets", len(tps))
@@ -115,6 +129,38 @@ class OffsetGuard:
         abandoned = sum(await asyncio.gather(*(lanes.revoke(self.grace_s) for lanes in self.lanes)))
         if abandoned:
             log.info("revocation abandoned %s records to the partitions' next owner", abandoned)
+
+    async def commit_revoked(self, consumer: Any, revoked: Iterable[Any]) -> None:
+        """Commit what the lanes finished on the revoked partitions, before they go.
+
+        Faust drops its ack lists of revoked partitions before it waits for their records,
+        so it never commits them: without this, every rebalance hands the next owner
+        everything finished since the last periodic commit, to be read (and re-routed or
+        sharded) again. The commit runs on the consumer's own event loop directly: its
+        method queue may be held by a fetch that waits for the rebalance to end. A commit
+        the group refuses (this member was already fenced) only costs that re-read.
+        """
+        offsets = {}
+        for tp in revoked:
+            if self.governs(tp.topic):
+                mark = self.ledger.committable((tp.topic, tp.partition), None)
+                if mark is not None:
+                    offsets[TopicPartition(tp.topic, tp.partition)] = mark
+        thread = getattr(consumer, "_thread", None)
+        if not offsets or thread is None:
+            return
+        try:
+            commit = thread._ensure_consumer().commit(offsets)
+            done = asyncio.run_coroutine_threadsafe(commit, thread.thread_loop)
+            await asyncio.wait_for(asyncio.wrap_future(done), REVOKE_COMMIT_TIMEOUT_S)
+        except Exception:  # the next owner re-reads from the last commit; identities dedup it
+            log.warning(
+                "could not commit %s revoked partitions; their next owner re-reads them",
+                len(offsets),
+                exc_info=True,
+            )
+            return
+        log.info("committed %s revoked input partitions before handing them over", len(offsets))
 
     def resume_lanes(self) -> None:
         for lanes in self.lanes:
@@ -139,9 +185,23 @@ class OffsetGuard:
         if expected is None:
             return
         self._sought[(topic, partition)] = (expected, time.monotonic())
-        seek = asyncio.ensure_future(self.app.consumer.seek(tp, expected))
+        seek = asyncio.ensure_future(self._seek((topic, partition), expected))
         self._seeks.add(seek)
         seek.add_done_callback(self._seeks.discard)
+
+    async def _seek(self, tp: tuple[str, int], offset: int) -> None:
+        """Seek an assigned partition in the consumer's own thread (see the module docstring).
+        A partition revoked meanwhile is left alone: its next owner positions it."""
+        consumer = self.app.consumer
+        partition = TP(*tp)
+        if partition not in consumer.assignment():
+            return
+        try:
+            await consumer.seek_wait({partition: offset})
+        except Exception:  # revoked between the check and the seek: nothing to read there
+            log.warning("%s/%s: could not seek to %s", *tp, offset, exc_info=True)
+            return
+        self._sought[tp] = (offset, time.monotonic())
 
     async def resolve_gap(self, tp: tuple[str, int], offset: int) -> bool:
         """A record arrived ahead of the expected offset. Returns True when the log really has
@@ -160,8 +220,8 @@ class OffsetGuard:
         log.warning(
             "%s/%s: offset %s arrived while %s was expected; re-reading from there", *tp, offset, expected
         )
-        await self.app.consumer.seek(TopicPartition(*tp), expected)
         self._sought[tp] = (expected, time.monotonic())
+        await self._seek(tp, expected)
         return False
 
     async def _first_offset_from(self, tp: tuple[str, int], offset: int) -> int | None:
@@ -230,7 +290,9 @@ def _wrap_faust_consumer() -> None:
         return
     _wrapped = True
     perform_seek = FaustConsumer.perform_seek
-    seek_to_committed = FaustConsumer.seek_to_committed
+    # The aiokafka driver's consumer takes seek_to_committed from ThreadDelegateConsumer,
+    # which overrides the base class's: wrapping the base one never ran.
+    seek_to_committed = ThreadDelegateConsumer.seek_to_committed
     on_partitions_revoked = FaustConsumer.on_partitions_revoked
     new_offset = FaustConsumer._new_offset
     drain_messages = FaustConsumer._drain_messages
@@ -264,6 +326,7 @@ def _wrap_faust_consumer() -> None:
         try:
             await on_partitions_revoked(self, revoked)
             await revoking
+            await guard.commit_revoked(self, revoked)
         finally:
             for tp in revoked:
                 guard.ledger.revoked((tp.topic, tp.partition))
@@ -278,11 +341,31 @@ def _wrap_faust_consumer() -> None:
         self._acked_index[tp].clear()
         return guard.ledger.committable((tp.topic, tp.partition), self._committed_offset.get(tp))
 
-    FaustConsumer.seek_to_committed = seek_to_committed_and_keep  # type: ignore[method-assign]
+    ThreadDelegateConsumer.seek_to_committed = seek_to_committed_and_keep  # type: ignore[method-assign]
     FaustConsumer.perform_seek = perform_seek_then_position  # type: ignore[method-assign]
     FaustConsumer.on_partitions_revoked = revoke_from_ledger  # type: ignore[method-assign]
     FaustConsumer._new_offset = ledger_offset  # type: ignore[method-assign]
     FaustConsumer._drain_messages = drain_unfiltered  # type: ignore[method-assign]
+    _check_wrapped(
+        {
+            "seek_to_committed": seek_to_committed_and_keep,
+            "perform_seek": perform_seek_then_position,
+            "on_partitions_revoked": revoke_from_ledger,
+            "_new_offset": ledger_offset,
+            "_drain_messages": drain_unfiltered,
+        }
+    )
+
+
+def _check_wrapped(wrappers: Mapping[str, Callable[..., Any]]) -> None:
+    """Fail loudly when the consumer class Faust actually runs does not reach a wrapper (a
+    Faust release that overrides the method in a subclass, or renamed it)."""
+    for name, wrapper in wrappers.items():
+        if getattr(AIOKafkaDriverConsumer, name, None) is not wrapper:
+            raise RuntimeError(
+                f"keylane's offset guard cannot wrap Faust's Consumer.{name} on faust-streaming "
+                f"{faust.__version__}; install the range pyproject.toml pins"
+            )
 
 
 POISON_ATTEMPTS = 3

@@ -1,6 +1,7 @@
 """A lane window that stays full for more than a second pauses fetching for its partition
 only; resumed, the partition is read again from the next expected offset, and nothing is
-lost, duplicated or reordered."""
+lost, duplicated or reordered. Every seek this takes runs in the consumer thread that drains
+aiokafka's fetched records (tests/integration/seek_thread_probe.py watches them)."""
 
 from __future__ import annotations
 
@@ -33,11 +34,13 @@ async def test_full_windows_pause_partitions_and_every_event_still_runs_in_order
         LLM_LEDGER=str(tmp_path / "llm.jsonl"),
         FAKE_LLM_LATENCY_MS="200",
         KEYLANE_METRICS_PORT=str(port),
+        SEEK_PROBE_LOG=str(tmp_path / "seeks.log"),
     )
     worker = KeylaneProcess(
         ["worker", "--agent", "tests.agents.flow:remember", "--config", "tests.agents.flow:narrow"],
         env,
         tmp_path / "worker.log",
+        module="tests.integration.seek_thread_probe",
     )
     events = [
         (key, encode(AgentEnvelope(payload=f"{key.decode()}-e{i}")))
@@ -54,6 +57,10 @@ async def test_full_windows_pause_partitions_and_every_event_still_runs_in_order
         pauses = await metric(port, "keylane_partition_pauses_total")
 
     assert pauses >= 1, "8 records at 200 ms each take longer to drain than the 1 s hold"
+    seeks = (tmp_path / "seeks.log").read_text().splitlines()
+    assert any("agent.events" in line for line in seeks), "a resumed partition is sought back"
+    wrong = [line for line in seeks if not line.startswith("ok ")]
+    assert not wrong, f"seeks from outside the consumer thread race aiokafka's fetcher: {wrong[:5]}"
     seen: dict[str, list[int]] = defaultdict(list)
     for values in by_id(records).values():
         assert len(values) == 1
