@@ -132,3 +132,39 @@ EFFECTOR_IN_DOUBT = Counter(
     "by resolution: reconciled_done, reconciled_not_done, rerun, error, expired.",
     ["resolution"],
 )
+
+# Size discipline of a key's state: queued events and the whole blob (docs/runtime.md).
+BUFFERED_EVENTS_REJECTED = Counter(
+    "keylane_buffered_events_rejected",
+    "Events for a suspended key dead-lettered as buffer_full, by the limit they met: events "
+    "(max_buffered_events), bytes (max_buffered_bytes) or state (the key's state limit).",
+    ["limit"],
+)
+BUFFERED_DEPTH = Histogram(
+    "keylane_buffered_depth",
+    "Events queued behind a key's suspension, observed each time one more is queued.",
+    buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000),
+)
+STATE_BYTES = Histogram(
+    "keylane_state_bytes",
+    "Encoded size of each key state the runtime commits (one changelog record).",
+    buckets=(1024, 4096, 16384, 65536, 262144, 524288, 786432, 1048576, 1572864, 2097152),
+)
+STATE_OVER_LIMIT = Counter(
+    "keylane_state_over_limit",
+    "Activations (queued ones included) failed as state_too_large: their next state would not "
+    "fit the key's state limit even without its replay cache.",
+)
+STATE_CACHE_TRIMMED = Counter(
+    "keylane_state_cache_trimmed",
+    "Replay-cache entries dropped so that a key's next state fits its limit.",
+)
+
+# Records too large to produce (docs/runtime.md, "Size limits and produce failures").
+RECORDS_TOO_LARGE = Counter(
+    "keylane_records_too_large",
+    "Records over their topic's limit (min of max.message.bytes and the producer's max request "
+    "size), by the logical topic they were for; each went to agent.errors as a dead letter "
+    "carrying a sha256 and a prefix of its bytes instead.",
+    ["topic"],
+)

@@ -9,7 +9,9 @@ all drive this same code. For each input record, in order:
    last one the key applied from that stream re-publishes that input's outbox entries and
    rewrites the key's state unchanged (no second activation, no new seq; the rewrite heals a
    changelog that lost the key's last record in a crash);
-3. an event for a suspended key is queued behind the suspension (``events_while_suspended``);
+3. an event for a suspended key is queued behind the suspension (``events_while_suspended``),
+   unless the key's queue is full (``max_buffered_events``, ``max_buffered_bytes``, or the
+   key's state limit): then it is dead-lettered as ``buffer_full`` and the state is untouched;
 4. a result or approval must be signed when its mode requires it, and must answer an intent
    of its own kind (a ToolResult a tool intent, an Approval an approval request) that the
    key is waiting for, else ``orphaned_result``; a result for an intent nobody waits for any
@@ -18,7 +20,13 @@ all drive this same code. For each input record, in order:
    and becomes ``activation_error`` / ``activation_timeout`` with the input's raw bytes;
 6. on success build the whole next KeyState (memory, cache, continuation, pending, seq + 1,
    applied offset, outbox) as one value: the caller writes it as one record;
-7. after a resume that ends the suspension, run the queued events in order.
+7. after a resume that ends the suspension, run the queued events in order;
+8. seal the next state against the key's state limit (``KeyRuntime.state_limit``: what one
+   changelog record can carry, or ``AgentConfig.max_state_bytes`` if lower). Over it, the
+   replay cache is trimmed, least recently used entries first (a dropped entry costs at most
+   one repeated model call); still over, the input fails as ``state_too_large`` and the
+   state is untouched. Memory writes see the same limit as they happen (``Memory``'s room),
+   and a queued event whose activation would not fit fails alone, like a failing one.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from service.runtime import ids
 from service.runtime.api import AgentConfig, AgentFn, Complete, Suspend
 from service.runtime.context import ActivationContext, BudgetExceeded
 from service.runtime.hitl import Deny, Escalate, FallbackContext, TimeoutDecision
-from service.runtime.memory import Memory
+from service.runtime.memory import MEMORY_HARD_CAP_BYTES, Memory
 from service.runtime.ratelimit import ProviderLimiter
 from service.runtime.state import (
     SETTLED_INTENTS_KEPT,
@@ -50,8 +58,12 @@ from service.runtime.state import (
     Continuation,
     IntentKind,
     KeyState,
+    MemoryBlob,
     OutboxRecord,
     PendingIntent,
+    encode_state,
+    over_limit,
+    seal,
 )
 from service.runtime.timers import TTL, arm
 from service.signing import Keyring, Mode
@@ -75,6 +87,14 @@ OrphanDetail = Literal[
 ]
 UNAWAITED = "unawaited"
 """The admission verdict for a result nobody waits for any more: acknowledged, not an error."""
+DEFAULT_CHANGELOG_MAX_BYTES = 1_000_000
+"""What one changelog record may carry when the worker does not say: Faust's default
+``producer_max_request_size``, the first limit a record meets. The worker passes its own
+(``KeyRuntime(changelog_max_bytes=...)``): the smaller of its producer's request limit and
+the changelog topic's ``max.message.bytes``."""
+RECORD_OVERHEAD_BYTES = 1024
+"""Reserved in a changelog record for everything but the value and the key: the record
+batch header (61 bytes), the record's own overhead (at most 21) and headers, with room."""
 
 
 def wall_clock_ms() -> int:
@@ -87,6 +107,9 @@ class Decision:
 
     new_state: KeyState | None
     emits: list[Emit] = field(default_factory=list)
+    blob: bytes | None = None
+    """``new_state`` encoded, when the runtime sealed it against the key's state limit (a
+    writer may store these bytes instead of encoding the state again)."""
 
 
 class ActivationFailed(Exception):
@@ -117,7 +140,13 @@ class KeyRuntime:
         keyring: Keyring | None = None,
         approval_signatures: Mode = "off",
         result_signatures: Mode = "off",
+        changelog_max_bytes: int = DEFAULT_CHANGELOG_MAX_BYTES,
     ) -> None:
+        if changelog_max_bytes <= RECORD_OVERHEAD_BYTES:
+            raise ValueError(
+                f"changelog_max_bytes must exceed {RECORD_OVERHEAD_BYTES}, got {changelog_max_bytes}"
+            )
+        self.changelog_max_bytes = changelog_max_bytes
         self.agent = agent
         self.keyring = keyring or Keyring({})
         self.approval_signatures = approval_signatures
@@ -143,6 +172,13 @@ class KeyRuntime:
         if len(self._delivered) > _MAX_TRACKED:
             self._delivered.clear()  # only delays pruning: entries stay until redelivery proves them
         self._delivered.add(record_id)
+
+    def state_limit(self, key: bytes) -> int:
+        """The most bytes ``key``'s encoded state may take: what one changelog record carries
+        besides the key and the record's overhead, or ``AgentConfig.max_state_bytes`` if lower."""
+        limit = self.changelog_max_bytes - RECORD_OVERHEAD_BYTES - len(key)
+        cap = self.config.max_state_bytes
+        return limit if cap is None else min(limit, cap)
 
     async def handle(self, record: InputRecord, state_of: Callable[[bytes], KeyState]) -> Decision:
         """Decide what one input record does. ``state_of(key)`` reads the key's committed state."""
@@ -179,22 +215,12 @@ class KeyRuntime:
             return await self._on_timer(record, parsed, state, key)
         if isinstance(parsed, AgentEnvelope):
             if state.continuation is not None:
-                metrics.EVENTS_BUFFERED.inc()
-                buffered = BufferedEvent(
-                    value=record.value or b"",
-                    payload=parsed.payload_bytes(),
-                    origin_topic=record.topic,
-                    origin_broker_topic=record.broker_topic,
-                    origin_partition=record.partition,
-                    origin_offset=record.offset,
-                    copy_of=record.origin,
-                )
-                return Decision(self._advance(state, record, [], extra_buffered=(buffered,)), [])
+                return self._queue(state, record, key)
             try:
                 committed = await self._activate(state, key, event=parsed.payload_bytes(), record=record)
             except ActivationFailed as exc:
                 return Decision(None, [self._error(record, exc.reason, exc.detail, entity_key=key_text)])
-            return Decision(self._advance(committed.state, record, committed.emits), committed.emits)
+            return self._commit(committed.state, record, committed.emits, key)
 
         kind = "approval" if isinstance(parsed, Approval) else "result"
         mode = self.approval_signatures if isinstance(parsed, Approval) else self.result_signatures
@@ -221,9 +247,50 @@ class KeyRuntime:
         emits = list(committed.emits)
         next_state = committed.state
         if next_state.continuation is None and next_state.buffered:
-            next_state, drained = await self._drain_buffered(next_state, key)
+            next_state, drained = await self._drain_buffered(next_state, key, record, emits)
             emits.extend(drained)
-        return Decision(self._advance(next_state, record, emits), emits)
+        return self._commit(next_state, record, emits, key)
+
+    def _queue(self, state: KeyState, record: InputRecord, key: bytes) -> Decision:
+        """Queue an event behind the key's suspension, or dead-letter it as ``buffer_full``
+        (the key's state untouched) when the queue or the key's state would go past a limit."""
+        value = record.value or b""
+        depth = len(state.buffered)
+        queued_bytes = sum(len(b.value) for b in state.buffered)
+        config = self.config
+        limit: str | None = None
+        if depth + 1 > config.max_buffered_events:
+            limit = "events"
+            detail = (
+                f"{depth} events already queued behind the suspension "
+                f"(max_buffered_events={config.max_buffered_events})"
+            )
+        elif queued_bytes + len(value) > config.max_buffered_bytes:
+            limit = "bytes"
+            detail = (
+                f"{queued_bytes} bytes already queued behind the suspension, this event has {len(value)} "
+                f"(max_buffered_bytes={config.max_buffered_bytes})"
+            )
+        else:
+            buffered = BufferedEvent(
+                value=value,
+                origin_topic=record.topic,
+                origin_broker_topic=record.broker_topic,
+                origin_partition=record.partition,
+                origin_offset=record.offset,
+                copy_of=record.origin,
+            )
+            staged = self._advance(state, record, [], extra_buffered=(buffered,))
+            sealed = self._seal(staged, key)
+            if sealed is not None:
+                metrics.EVENTS_BUFFERED.inc()
+                metrics.BUFFERED_DEPTH.observe(depth + 1)
+                return self._decided(state, staged, *sealed, [])
+            limit = "state"
+            detail = f"queueing it would take the key's state past its limit: {self._over_limit(staged, key)}"
+        metrics.BUFFERED_EVENTS_REJECTED.labels(limit).inc()
+        detail += "; the event was not run (re-drive it from its origin once the key's suspension ends)"
+        return Decision(None, [self._error(record, "buffer_full", detail, entity_key=key.decode())])
 
     def _parse(
         self, record: InputRecord, key_text: str
@@ -290,10 +357,19 @@ class KeyRuntime:
         seq = cont.seq if cont is not None else state.seq
         now = self.clock()
         soft_cap_hit: list[int] = []
+        # Memory shares the key's one changelog record with the rest of its state.
+        rest = len(encode_state(struct_replace(state, memory=_NO_MEMORY)))
+        memory = Memory(
+            state.memory,
+            now_ms=now,
+            hard_cap_bytes=MEMORY_HARD_CAP_BYTES,
+            room_bytes=max(0, self.state_limit(key) - rest),
+            on_soft_cap=soft_cap_hit.append,
+        )
         ctx = ActivationContext(
             event=event,
             entity_key=key,
-            memory=Memory(state.memory, now_ms=now, on_soft_cap=soft_cap_hit.append),
+            memory=memory,
             seq=seq,
             snapshot=cont.snapshot if cont is not None else b"",
             resume_result=resume if isinstance(resume, ToolResult) else None,
@@ -490,7 +566,7 @@ class KeyRuntime:
             )
             emits = [Emit(record_id=intent_id, topic=APPROVAL_REQUESTS, key=key, value=encode(request))]
             next_state = struct_replace(state, continuation=escalated, pending=pending)
-            return Decision(self._advance(next_state, record, emits), emits)
+            return self._commit(next_state, record, emits, key)
         if isinstance(decision, Deny):
             emits = [
                 Emit(record_id=ids.output_id(key, cont.seq), topic=OUTPUT, key=key, value=decision.output)
@@ -502,15 +578,19 @@ class KeyRuntime:
             emits = [self._error(record, "hitl_timeout", detail, entity_key=key_text)]
         next_state = struct_replace(state, continuation=None, pending={})
         if next_state.buffered:
-            next_state, drained = await self._drain_buffered(next_state, key)
+            next_state, drained = await self._drain_buffered(next_state, key, record, emits)
             emits.extend(drained)
-        return Decision(self._advance(next_state, record, emits), emits)
+        return self._commit(next_state, record, emits, key)
 
-    async def _drain_buffered(self, state: KeyState, key: bytes) -> tuple[KeyState, list[Emit]]:
+    async def _drain_buffered(
+        self, state: KeyState, key: bytes, record: InputRecord, before: list[Emit]
+    ) -> tuple[KeyState, list[Emit]]:
         """Run the events queued behind a suspension that just ended, in arrival order.
 
         Stops (keeping the rest queued) as soon as one of them suspends again. A queued
-        event whose activation fails becomes an error record, like any other.
+        event whose activation fails becomes an error record, like any other; so does one
+        whose activation would take the state ``record`` commits (``before`` and what the
+        drain produced so far in its outbox) past the key's limit (``state_too_large``).
         """
         emits: list[Emit] = []
         while state.buffered and state.continuation is None:
@@ -522,9 +602,45 @@ class KeyRuntime:
             except ActivationFailed as exc:
                 emits.append(self._error(origin, exc.reason, exc.detail, entity_key=key.decode()))
                 continue
+            staged = self._advance(committed.state, record, [*before, *emits, *committed.emits])
+            if self._seal(staged, key) is None:
+                metrics.STATE_OVER_LIMIT.inc()
+                detail = self._over_limit(staged, key)
+                emits.append(self._error(origin, "state_too_large", detail, entity_key=key.decode()))
+                continue
             state = committed.state
             emits.extend(committed.emits)
         return state, emits
+
+    def _commit(self, state: KeyState, record: InputRecord, emits: list[Emit], key: bytes) -> Decision:
+        """The decision that commits ``state`` for ``record`` with ``emits`` in its outbox, or,
+        when that state does not fit the key's limit, one that fails ``record`` as
+        ``state_too_large`` and changes nothing."""
+        staged = self._advance(state, record, emits)
+        sealed = self._seal(staged, key)
+        if sealed is None:
+            metrics.STATE_OVER_LIMIT.inc()
+            detail = self._over_limit(staged, key)
+            return Decision(None, [self._error(record, "state_too_large", detail, entity_key=key.decode())])
+        return self._decided(state, staged, *sealed, emits)
+
+    def _decided(
+        self, before: KeyState, staged: KeyState, state: KeyState, blob: bytes, emits: list[Emit]
+    ) -> Decision:
+        """The decision writing ``state`` (``staged`` sealed) in place of ``before``."""
+        # Delivered ids are forgotten only once the outbox that held them is replaced.
+        self._delivered.difference_update(o.record_id for o in before.outbox)
+        trimmed = len(staged.llm_cache) - len(state.llm_cache)
+        if trimmed:
+            metrics.STATE_CACHE_TRIMMED.inc(trimmed)
+        metrics.STATE_BYTES.observe(len(blob))
+        return Decision(state, emits, blob=blob)
+
+    def _seal(self, state: KeyState, key: bytes) -> tuple[KeyState, bytes] | None:
+        return seal(state, self.state_limit(key))
+
+    def _over_limit(self, state: KeyState, key: bytes) -> str:
+        return over_limit(state, self.state_limit(key))
 
     def _advance(
         self,
@@ -539,10 +655,10 @@ class KeyRuntime:
         An outbox entry is settled when this process saw it delivered, or when it was not
         published by this process and its input came earlier in the same identity stream:
         this process read the stream past it without redelivering it, so that input's offset
-        was committed, and Faust flushes the producer before every offset commit.
+        was committed, and Faust flushes the producer before every offset commit. Pure: the
+        caller forgets delivered ids only when it commits the result (``_decided``).
         """
         kept = [o for o in state.outbox if not self._settled(o, record)]
-        self._delivered.difference_update(o.record_id for o in state.outbox)
         stream, offset = record.identity
         outbox = kept + [
             OutboxRecord(
@@ -594,6 +710,7 @@ class KeyRuntime:
 
 
 _MAX_TRACKED = 100_000
+_NO_MEMORY = MemoryBlob()
 
 
 def _queued_record(queued: BufferedEvent, key: bytes) -> InputRecord:

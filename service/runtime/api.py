@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from service.runtime.context import ActivationContext
 
 HOUR_MS = 60 * 60 * 1000
+MIN_STATE_BYTES = 4096
+"""The smallest ``max_state_bytes`` accepted: below it a key's bookkeeping alone may not fit."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Suspend:
 AgentFn = Callable[["ActivationContext"], Awaitable[Complete | Suspend]]
 ProviderFactory = Callable[[], Provider]
 EventsWhileSuspended = Literal["queue"]
+BufferFullPolicy = Literal["dead_letter"]
 LaneMode = Literal["partition", "key"]
 
 
@@ -71,6 +74,17 @@ class AgentConfig:
       deterministic) or "round_robin" (forfeits retry determinism);
     * ``events_while_suspended``: "queue" — events for a suspended key wait, in order, and
       run after the suspension ends;
+    * ``max_buffered_events`` / ``max_buffered_bytes``: how many events, and how many bytes
+      of their record values, one key may hold queued behind its suspension;
+      ``on_buffer_full``: what happens to an event that would go past either cap, or past
+      the key's state limit: "dead_letter" (the only policy) sends it to agent.errors as
+      ``buffer_full`` (raw bytes, origin) and leaves the key's state as it was; the events
+      already queued keep their place and run in order (see docs/runtime.md);
+    * ``max_state_bytes``: a cap on a key's whole encoded state (memory, replay cache,
+      outbox, queued events, continuation and bookkeeping), below what one changelog record
+      can carry (the worker's limit, which always applies); an activation whose next state
+      would not fit, even after the replay cache is emptied, fails as ``state_too_large``
+      and changes nothing (None: the changelog's limit only);
     * ``tools``: the registry ``ctx.run_tool`` and ``ctx.act`` consult;
     * ``rate_limit``: provider calls per physical key and per worker (None: unlimited);
     * ``lanes``: "key" (default) runs different keys of a partition concurrently, each key
@@ -100,6 +114,10 @@ class AgentConfig:
     worker_max_in_flight: int = 1024
     rebalance_grace_s: float = 10.0
     max_tokens_per_activation: int | None = None
+    max_buffered_events: int = 1000
+    max_buffered_bytes: int = 256 * 1024
+    on_buffer_full: BufferFullPolicy = "dead_letter"
+    max_state_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.hitl_policy, HitlPolicy):
@@ -125,3 +143,19 @@ class AgentConfig:
             raise ValueError(f"AgentConfig.max_tokens_per_activation must be None or >= 1, got {budget}")
         if self.events_while_suspended != "queue":
             raise ValueError("AgentConfig.events_while_suspended supports only 'queue'")
+        for name in ("max_buffered_events", "max_buffered_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"AgentConfig.{name} must be a whole number >= 0, got {value!r}")
+        if self.on_buffer_full != "dead_letter":
+            raise ValueError(
+                f"AgentConfig.on_buffer_full supports only 'dead_letter', got {self.on_buffer_full!r}"
+            )
+        state_cap = self.max_state_bytes
+        if state_cap is not None and (
+            not isinstance(state_cap, int) or isinstance(state_cap, bool) or state_cap < MIN_STATE_BYTES
+        ):
+            raise ValueError(
+                f"AgentConfig.max_state_bytes must be None or a whole number >= {MIN_STATE_BYTES}, "
+                f"got {state_cap!r}"
+            )

@@ -14,6 +14,9 @@ Next to the five cells the record keeps what redelivery safety needs:
 * ``outbox``: the records a committed activation staged (outputs, intents, errors), until
   their delivery is confirmed; a redelivered input re-publishes its own entries;
 * ``buffered``: events that arrived while the key was suspended, run after the suspension;
+  each is stored once, as the record value that was sent (the agent's payload is decoded
+  from it when the event runs), and the runtime caps them per key (AgentConfig's
+  ``max_buffered_events`` / ``max_buffered_bytes``);
 * ``timers``: the key's armed HITL and TTL timers (deadline and token), so a timer lives and
   moves with the key's partition;
 * ``settled_intents``: the ids of the key's last SETTLED_INTENTS_KEPT intents that nobody
@@ -21,8 +24,19 @@ Next to the five cells the record keeps what redelivery safety needs:
   repeated results are acknowledged instead of dead-lettered.
 
 Encoding: msgpack with field names (msgspec), never pickle. ``state_schema_version`` is on
-every blob; a blob from a newer version is refused (StateFromTheFuture) rather than guessed.
-tests/unit/test_state_golden.py pins the bytes of a reference blob.
+every blob and ``encode_state`` always writes the current one; a blob from a newer version
+is refused (StateFromTheFuture) rather than guessed. tests/unit/test_state_golden.py pins
+the bytes of a reference blob for every version this code reads:
+
+* 1: the first layout;
+* 2: identity streams in ``applied``, ``OutboxRecord.origin_stream``, ``BufferedEvent.copy_of``,
+  ``settled_intents`` (fields with defaults: a v1 blob decodes as is);
+* 3: ``BufferedEvent.payload`` is gone (it repeated what ``value`` holds). A v1 or v2 blob
+  still decodes: its ``payload`` entries are ignored and the payload is decoded from
+  ``value``, which every version wrote as the envelope that was delivered.
+
+The whole blob must fit in one changelog record: the runtime checks every state it commits
+against the key's limit (see service/runtime/activation.py, ``KeyRuntime.state_limit``).
 """
 
 from __future__ import annotations
@@ -32,9 +46,9 @@ from typing import Any, Literal
 import msgspec
 
 from service.errors import KeylaneError
-from service.wire import TimerKind
+from service.wire import AgentEnvelope, TimerKind, decode
 
-STATE_SCHEMA_VERSION = 2
+STATE_SCHEMA_VERSION = 3
 SETTLED_INTENTS_KEPT = 128
 
 IntentKind = Literal["tool", "approval"]
@@ -112,15 +126,26 @@ class OutboxRecord(msgspec.Struct, kw_only=True):
 
 
 class BufferedEvent(msgspec.Struct, kw_only=True):
-    """An event that arrived while the key was suspended: the record as it was delivered."""
+    """An event that arrived while the key was suspended: the record as it was delivered.
 
-    value: bytes  # the raw record value (the envelope), kept for an error record
-    payload: bytes  # what the agent will see as ctx.event
+    Stored once: ``value`` is the raw record value (the envelope), which an error record
+    carries as the input's raw bytes and from which ``payload`` (the agent's ``ctx.event``)
+    is decoded when the event runs. Schema versions 1 and 2 also stored that payload;
+    decoding their blobs drops it.
+    """
+
+    value: bytes
     origin_topic: str  # logical catalog name
     origin_broker_topic: str
     origin_partition: int
     origin_offset: int
     copy_of: tuple[str, int, int] | None = None  # the original's position when this was a copy
+
+    @property
+    def payload(self) -> bytes:
+        """What the agent sees as ``ctx.event``, decoded from ``value`` (not stored: it
+        decoded when the event arrived, so it decodes again)."""
+        return decode(self.value, AgentEnvelope).payload_bytes()
 
 
 class ArmedTimer(msgspec.Struct, kw_only=True):
@@ -156,7 +181,10 @@ _probe = msgspec.msgpack.Decoder(_VersionProbe)
 
 
 def encode_state(state: KeyState) -> bytes:
-    """The blob committed to the table for one key."""
+    """The blob committed to the table for one key, always in the current schema version
+    (a state decoded from an older blob is written back as the current version)."""
+    if state.state_schema_version != STATE_SCHEMA_VERSION:
+        state = msgspec.structs.replace(state, state_schema_version=STATE_SCHEMA_VERSION)
     return _encoder.encode(state)
 
 
@@ -187,3 +215,43 @@ def encode_memory(memory: MemoryBlob) -> bytes:
 def encoded_size(value: Any) -> int:
     """Bytes of one memory value as stored."""
     return len(_encoder.encode(value))
+
+
+def seal(state: KeyState, limit: int) -> tuple[KeyState, bytes] | None:
+    """``state`` and its blob if they fit in ``limit`` bytes, dropping replay-cache entries,
+    least recently used first, as far as needed; None if it does not fit even without them.
+
+    The cache is the one cell that is safe to lose (a dropped entry costs at most one repeated
+    model call); memory, outbox, queued events and bookkeeping are never trimmed here.
+    """
+    blob = encode_state(state)
+    if len(blob) <= limit:
+        return state, blob
+    cache = list(state.llm_cache)  # most recently used last
+    excess = len(blob) - limit
+    while cache:
+        while cache and excess > 0:  # entry sizes are estimates: drop what they say, then measure
+            excess -= cache.pop(0).size or 1
+        blob = encode_state(msgspec.structs.replace(state, llm_cache=cache))
+        excess = len(blob) - limit
+        if excess <= 0:
+            return msgspec.structs.replace(state, llm_cache=cache), blob
+    return None
+
+
+def over_limit(state: KeyState, limit: int) -> str:
+    """Why ``state`` does not fit in ``limit`` bytes, cell by cell, and what to do about it."""
+    cells = {
+        "memory": state.memory,
+        "replay cache": state.llm_cache,
+        "outbox": state.outbox,
+        "queued events": state.buffered,
+        "continuation": state.continuation,
+    }
+    sizes = ", ".join(f"{name} {encoded_size(cell)}" for name, cell in cells.items())
+    return (
+        f"the key's next state would take {len(encode_state(state))} bytes ({sizes}), over its "
+        f"limit of {limit} even without its replay cache; keep less per key (memory, snapshots, "
+        "outputs), or raise the limit: the changelog topic's max.message.bytes with the worker's "
+        "producer limit (docs/runtime.md)"
+    )

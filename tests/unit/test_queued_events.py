@@ -1,8 +1,13 @@
-"""Events queued behind a suspension: how they run once it ends, and what their failures say."""
+"""Events queued behind a suspension: how they run once it ends, what their failures say, and
+how many may wait (the per-key caps and their dead letters)."""
 
 from __future__ import annotations
 
 import base64
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
 
 from service.catalog import EVENTS, OUTPUT
 from service.records import InputRecord
@@ -12,7 +17,7 @@ from service.runtime.api import AgentConfig, Complete, Suspend
 from service.runtime.context import ActivationContext
 from service.runtime.state import KeyState, decode_state, encode_state
 from service.testing import AgentHarness, ManualClock
-from service.wire import AgentEnvelope, ErrorRecord, decode, encode
+from service.wire import AgentEnvelope, Approval, ErrorRecord, decode, encode
 
 KEY = b"ticket-3"
 
@@ -145,3 +150,157 @@ async def test_a_failing_queued_event_names_the_broker_topic_it_came_from() -> N
     assert error.origin is not None
     assert (error.origin.topic, error.origin.partition, error.origin.offset) == ("prod.agent.events", 4, 11)
     assert error.error_id == ids.error_id("prod.agent.events", 4, 11, "activation_error")
+
+
+# --- How many events may wait, and what happens to one that does not fit -------------------
+
+
+async def waits_for_approval(ctx: ActivationContext) -> Complete | Suspend:
+    """Asks for an approval on "ask", otherwise echoes the event."""
+    if ctx.is_resume:
+        return Complete(b"approved")
+    if ctx.event == b"ask":
+        ctx.request_approval("{}")
+        return Suspend()
+    return Complete(b"ran " + ctx.event[:8])
+
+
+FAUST_MAX_REQUEST_SIZE = 1_000_000
+"""Faust's default producer_max_request_size: a bigger changelog record is never sent."""
+
+
+def rejected(limit: str) -> float:
+    value = REGISTRY.get_sample_value("keylane_buffered_events_rejected_total", {"limit": limit})
+    return value or 0.0
+
+
+def approve(harness: AgentHarness) -> Approval:
+    [request] = harness.approval_requests()
+    return Approval(intent_id=request.intent_id, entity_key=request.entity_key, approved=True, approver="ops")
+
+
+async def test_480_events_of_1_kb_behind_one_approval_keep_the_state_under_its_limit() -> None:
+    """The issue's case: 8 minutes at 1 event/s behind a 24 h approval used to reach the
+    changelog's record limit. The queue stops at max_buffered_bytes; the rest are dead letters."""
+    harness = AgentHarness(waits_for_approval, AgentConfig(), clock=ManualClock())
+    await harness.send_event(KEY, "ask")
+    before = rejected("bytes")
+
+    for i in range(480):
+        await harness.send_event(KEY, f"{i:04d}" + "x" * 1020)
+        assert len(harness.store[KEY]) < FAUST_MAX_REQUEST_SIZE, f"state blob too big at event {i}"
+    assert len(harness.store[KEY]) <= harness.runtime.state_limit(KEY)
+
+    queued = harness.state(KEY).buffered
+    assert 0 < len(queued) < 480
+    assert sum(len(b.value) for b in queued) <= AgentConfig().max_buffered_bytes
+    errors = harness.errors()
+    assert [e.reason for e in errors] == ["buffer_full"] * (480 - len(queued))
+    assert rejected("bytes") == before + len(errors)
+    # Each dead letter names its own record: the first one refused is the first one not queued.
+    assert errors[0].origin is not None and errors[0].origin.offset == 1 + len(queued)
+
+    await harness.send_approval(approve(harness))
+
+    outputs = [v for _, v in harness.outputs()]
+    assert outputs == [b"approved", *(b"ran " + f"{i:04d}".encode() + b"xxxx" for i in range(len(queued)))]
+    assert harness.state(KEY).buffered == []
+
+
+async def test_an_event_past_max_buffered_events_is_dead_lettered_and_changes_nothing() -> None:
+    harness = AgentHarness(suspends_on_wait, AgentConfig(max_buffered_events=2), clock=ManualClock())
+    await harness.send_event(KEY, "wait")
+    await harness.send_event(KEY, "a")
+    await harness.send_event(KEY, "b")
+    committed = harness.store[KEY]
+    before = rejected("events")
+
+    decision = await harness.send_event(KEY, "c", event_id="evt-c")
+
+    assert decision.new_state is None  # the key's state is not rewritten
+    assert harness.store[KEY] == committed
+    [error] = harness.errors()
+    assert error.reason == "buffer_full"
+    assert "max_buffered_events=2" in error.detail
+    assert error.origin is not None and (error.origin.topic, error.origin.offset) == (EVENTS, 3)
+    assert error.raw_value_b64 is not None
+    assert base64.b64decode(error.raw_value_b64) == harness.records[-1].value
+    assert rejected("events") == before + 1
+
+    await harness.send_result(harness.result_for(harness.intents()[0]))
+
+    assert [v for _, v in harness.outputs()] == [b"resumed wait", b"ran a", b"ran b"]
+    await harness.send_event(KEY, "d")  # not suspended any more: runs at once
+    assert [v for _, v in harness.outputs()][-1] == b"ran d"
+
+
+async def test_an_event_past_max_buffered_bytes_is_dead_lettered_and_a_smaller_one_still_queues() -> None:
+    harness = AgentHarness(suspends_on_wait, AgentConfig(max_buffered_bytes=200), clock=ManualClock())
+    await harness.send_event(KEY, "wait")
+    await harness.send_event(KEY, "a" * 100)
+    before = rejected("bytes")
+
+    await harness.send_event(KEY, "b" * 100)
+    await harness.send_event(KEY, "c")
+
+    [error] = harness.errors()
+    assert error.reason == "buffer_full" and "max_buffered_bytes=200" in error.detail
+    assert error.origin is not None and error.origin.offset == 2
+    assert rejected("bytes") == before + 1
+    assert [b.payload for b in harness.state(KEY).buffered] == [b"a" * 100, b"c"]
+
+
+async def test_an_event_that_would_take_the_state_past_its_limit_is_dead_lettered() -> None:
+    config = AgentConfig(max_state_bytes=8192, max_buffered_bytes=1 << 20)
+    harness = AgentHarness(suspends_on_wait, config, clock=ManualClock())
+    await harness.send_event(KEY, "wait")
+    await harness.send_event(KEY, "a" * 3000)
+    committed = harness.store[KEY]
+    before = rejected("state")
+
+    await harness.send_event(KEY, "b" * 6000)
+
+    [error] = harness.errors()
+    assert error.reason == "buffer_full" and "over its limit of 8192" in error.detail
+    assert harness.store[KEY] == committed
+    assert rejected("state") == before + 1
+
+
+async def test_a_queued_event_is_stored_once() -> None:
+    """Each queued event costs the state about its record's size, not twice that."""
+    harness = AgentHarness(suspends_on_wait, AgentConfig(), clock=ManualClock())
+    await harness.send_event(KEY, "wait")
+    await harness.send_event(KEY, "a")  # the suspending event's outbox entries are gone from here on
+    empty = len(harness.store[KEY])
+    payload = "p" * 10_000
+
+    await harness.send_event(KEY, payload)
+
+    grew = len(harness.store[KEY]) - empty
+    assert len(harness.records[-1].value or b"") < grew < len(harness.records[-1].value or b"") + 200
+    assert harness.store[KEY].count(payload.encode()) == 1
+
+
+async def test_the_buffered_depth_is_observed_per_queued_event() -> None:
+    harness = AgentHarness(suspends_on_wait, AgentConfig(), clock=ManualClock())
+    await harness.send_event(KEY, "wait")
+    before = REGISTRY.get_sample_value("keylane_buffered_depth_sum") or 0.0
+
+    for event in ["a", "b", "c"]:
+        await harness.send_event(KEY, event)
+
+    assert REGISTRY.get_sample_value("keylane_buffered_depth_sum") == before + 1 + 2 + 3
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_buffered_events": -1},
+        {"max_buffered_bytes": -1},
+        {"max_buffered_events": 1.5},
+        {"on_buffer_full": "drop_oldest"},
+    ],
+)
+def test_buffer_limits_are_validated_when_the_config_is_built(options: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="AgentConfig"):
+        AgentConfig(**options)

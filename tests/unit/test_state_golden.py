@@ -25,6 +25,7 @@ from service.runtime.state import (
 # The msgpack bytes of reference_state(1), written by schema version 1. Version 2 only added
 # fields with defaults (identity streams, settled intents), so a v1 blob still decodes and
 # its logical-topic ``applied`` entries are read as they were (see activation._applied_offset).
+# Its buffered event still carries the ``payload`` copy that version 3 no longer stores.
 GOLDEN_V1_HEX = (
     "8ab473746174655f736368656d615f76657273696f6e01a373657107a66d656d6f727981a7656e747269657382a46e61"
     "6d6583a576616c7565a3616461a472696e67c2ae6c6173745f6163636573735f6d73cd03e8a6726563656e7483a57661"
@@ -48,9 +49,9 @@ GOLDEN_V1_HEX = (
 )
 
 
-# The msgpack bytes of reference_state() under STATE_SCHEMA_VERSION 2. Never edit by hand to
-# make the test pass: a new encoding needs a new schema version and a migration.
-GOLDEN_HEX = (
+# The msgpack bytes of reference_state(2), written by schema version 2 (its buffered event
+# also stores its payload next to the envelope).
+GOLDEN_V2_HEX = (
     "8bb473746174655f736368656d615f76657273696f6e02a373657107a66d656d6f727981a7656e747269657382a46e61"
     "6d6583a576616c7565a3616461a472696e67c2ae6c6173745f6163636573735f6d73cd03e8a6726563656e7483a57661"
     "6c75659301a374776fc40103a472696e67c3ae6c6173745f6163636573735f6d73cd07d0ac636f6e74696e756174696f"
@@ -76,9 +77,39 @@ GOLDEN_HEX = (
 )
 
 
+# The msgpack bytes of reference_state() under STATE_SCHEMA_VERSION 3: each buffered event is
+# stored once, as its record value. Never edit by hand to make the test pass: a new encoding
+# needs a new schema version and a migration.
+GOLDEN_HEX = (
+    "8bb473746174655f736368656d615f76657273696f6e03a373657107a66d656d6f727981a7656e747269657382a46e61"
+    "6d6583a576616c7565a3616461a472696e67c2ae6c6173745f6163636573735f6d73cd03e8a6726563656e7483a57661"
+    "6c75659301a374776fc40103a472696e67c3ae6c6173745f6163636573735f6d73cd07d0ac636f6e74696e756174696f"
+    "6e87a373657106aa737465705f696e64657803b270656e64696e675f696e74656e745f69647392a8696e74656e742d61"
+    "a8696e74656e742d62a8736e617073686f74c404736e6170af73757370656e6465645f61745f6d73cd0bb8ab64656164"
+    "6c696e655f6d73cd0fa0ab657363616c6174696f6e7301a96c6c6d5f63616368659189a963616368655f6b6579a2636b"
+    "a8726573706f6e7365c40472657370a6646967657374a26431aa637265617465645f6d73cd1388ab6469676573745f6f"
+    "6e6c79c3a86d6f64656c5f6964a666616b652d31ad70726f6d70745f746f6b656e730bb1636f6d706c6574696f6e5f74"
+    "6f6b656e730ca473697a657ba770656e64696e6781a8696e74656e742d6184a9696e74656e745f6964a8696e74656e74"
+    "2d61a4746f6f6ca6726566756e64a46b696e64a8617070726f76616cad657870697265735f61745f6d73cd1770a76170"
+    "706c69656483b370726f642e6167656e742e6576656e74732f3229b470726f642e6167656e742e726573756c74732f32"
+    "09b370726f642e6167656e742e6576656e74732f3511a66f7574626f789188a97265636f72645f6964a56f75742d31a5"
+    "746f706963ac6167656e742e6572726f7273a36b6579c4036b2330a576616c7565c4027b7dac6f726967696e5f746f70"
+    "6963ac6167656e742e6576656e7473ad6f726967696e5f6f666673657429a56c6162656cb061637469766174696f6e5f"
+    "6572726f72ad6f726967696e5f73747265616db370726f642e6167656e742e6576656e74732f32a86275666665726564"
+    "9186a576616c7565c4197b2276223a312c227061796c6f6164223a226c61746572227dac6f726967696e5f746f706963"
+    "ac6167656e742e6576656e7473b36f726967696e5f62726f6b65725f746f706963b170726f642e6167656e742e657665"
+    "6e7473b06f726967696e5f706172746974696f6e02ad6f726967696e5f6f66667365742aa7636f70795f6f6693b17072"
+    "6f642e6167656e742e6576656e74730512a674696d65727382a46869746c82ab646561646c696e655f6d73cd2328a574"
+    "6f6b656eab6869746c3a373a39303030a374746c82ab646561646c696e655f6d73ce003711a8a5746f6b656ead74746c"
+    "3a373a33363039303030af736574746c65645f696e74656e747391a8696e74656e742d7a"
+)
+
+
 def reference_state(version: int = STATE_SCHEMA_VERSION) -> KeyState:
     """A KeyState with every field (nested ones included) set away from its default; as
-    schema ``version`` 1 wrote it, the fields version 2 added are left at their defaults."""
+    schema ``version`` 1 wrote it, the fields version 2 added are left at their defaults.
+    Version 3 added nothing, so reference_state(2) and reference_state(3) differ only in
+    their version (what a v2 blob stored twice, decoding drops)."""
     state = KeyState(
         state_schema_version=version,
         seq=7,
@@ -130,7 +161,6 @@ def reference_state(version: int = STATE_SCHEMA_VERSION) -> KeyState:
         buffered=[
             BufferedEvent(
                 value=b'{"v":1,"payload":"later"}',
-                payload=b"later",
                 origin_topic="agent.events",
                 origin_broker_topic="prod.agent.events",
                 origin_partition=2,
@@ -152,7 +182,7 @@ def reference_state(version: int = STATE_SCHEMA_VERSION) -> KeyState:
 
 
 def test_the_reference_state_encodes_to_the_golden_bytes() -> None:
-    assert STATE_SCHEMA_VERSION == 2
+    assert STATE_SCHEMA_VERSION == 3
     assert encode_state(reference_state()).hex() == GOLDEN_HEX, (
         "the state encoding changed: bump STATE_SCHEMA_VERSION and add a migration"
     )
@@ -164,6 +194,28 @@ def test_the_golden_bytes_decode_to_the_reference_state() -> None:
 
 def test_a_version_1_blob_still_decodes() -> None:
     assert decode_state(bytes.fromhex(GOLDEN_V1_HEX)) == reference_state(1)
+
+
+def test_a_version_2_blob_still_decodes() -> None:
+    assert decode_state(bytes.fromhex(GOLDEN_V2_HEX)) == reference_state(2)
+
+
+@pytest.mark.parametrize("golden", [GOLDEN_V1_HEX, GOLDEN_V2_HEX], ids=["v1", "v2"])
+def test_an_old_blob_keeps_its_queued_payload_and_is_written_back_in_the_current_version(golden: str) -> None:
+    state = decode_state(bytes.fromhex(golden))
+
+    assert [b.payload for b in state.buffered] == [b"later"]  # decoded from the stored envelope
+    rewritten = decode_state(encode_state(state))
+    assert rewritten.state_schema_version == STATE_SCHEMA_VERSION
+    assert [b.payload for b in rewritten.buffered] == [b"later"]
+
+
+def test_a_buffered_event_is_stored_once() -> None:
+    """Version 2 kept each queued event twice (the envelope and its payload); version 3 keeps
+    the envelope only, so a key's queue costs what its records cost."""
+    assert bytes.fromhex(GOLDEN_V2_HEX).count(b"later") == 2
+    assert bytes.fromhex(GOLDEN_HEX).count(b"later") == 1
+    assert encode_state(decode_state(bytes.fromhex(GOLDEN_V2_HEX))).hex() == GOLDEN_HEX
 
 
 def test_every_field_of_the_reference_state_is_set_away_from_its_default() -> None:
@@ -191,15 +243,17 @@ def test_every_field_of_the_reference_state_is_set_away_from_its_default() -> No
 
 
 def test_a_blob_from_a_newer_schema_version_is_refused() -> None:
-    newer = msgspec.msgpack.encode({"state_schema_version": 3, "seq": 1})
-    newer_with_new_shape = msgspec.msgpack.encode({"state_schema_version": 3, "seq": "now a string"})
+    future = STATE_SCHEMA_VERSION + 1
+    newer = msgspec.msgpack.encode({"state_schema_version": future, "seq": 1})
+    newer_with_new_shape = msgspec.msgpack.encode({"state_schema_version": future, "seq": "now a string"})
+    newer_struct = msgspec.msgpack.encode(KeyState(state_schema_version=future))
 
-    with pytest.raises(StateFromTheFuture, match="schema version 3"):
+    with pytest.raises(StateFromTheFuture, match=f"schema version {future}"):
         decode_state(newer)
     with pytest.raises(StateFromTheFuture, match="deploy the newer keylane"):
         decode_state(newer_with_new_shape)
     with pytest.raises(StateFromTheFuture):
-        decode_state(encode_state(KeyState(state_schema_version=3)))
+        decode_state(newer_struct)
 
 
 @pytest.mark.parametrize(
