@@ -1,6 +1,12 @@
 """The topic catalog: reads topics/catalog.toml into TopicSpecs with the deployment prefix applied.
 
 Code never spells a topic name; it asks the catalog, e.g. ``catalog.name("agent.events")``.
+
+Replication: each topic has a ``replication_factor`` (the catalog's value, or the deployment's
+override, KEYLANE_REPLICATION_FACTOR) and a ``min_insync_replicas``, by default
+``min(2, replication_factor)``: with acks=all, a write then survives the loss of any one
+replica, and a cluster with one broker down still takes writes. keylane sets it as a topic
+config, so it holds whatever the brokers' own default is.
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ class TopicSpec:
     name: str
     partitions: int
     replication_factor: int
+    min_insync_replicas: int
+    """Replicas that must have a write before an acks=all produce succeeds (1..replication_factor)."""
     cleanup_policy: CleanupPolicy
     retention_ms: int
     max_message_bytes: int
@@ -60,6 +68,7 @@ class TopicSpec:
             "cleanup.policy": self.cleanup_policy,
             "retention.ms": str(self.retention_ms),
             "max.message.bytes": str(self.max_message_bytes),
+            "min.insync.replicas": str(self.min_insync_replicas),
         }
 
 
@@ -95,7 +104,11 @@ def default_catalog_path() -> Path:
 def load_catalog(
     *, prefix: str = "", replication_factor: int | None = None, path: Path | None = None
 ) -> Catalog:
-    """Parse the catalog file and apply the deployment prefix and replication override."""
+    """Parse the catalog file and apply the deployment prefix and replication override.
+
+    ``replication_factor`` replaces every topic's; a topic's ``min_insync_replicas`` is the
+    catalog's explicit value, else ``min(2, replication_factor)``, and must not exceed it.
+    """
     source = path or default_catalog_path()
     try:
         raw = tomllib.loads(source.read_text())
@@ -141,11 +154,20 @@ def _spec(
         raise ConfigError(
             f"topic catalog {source}: {logical}.cleanup_policy must be one of {sorted(_POLICIES)}"
         )
+    replicas = replication_factor or need_int("replication_factor", 1)
+    min_insync = need_int("min_insync_replicas", 1) if "min_insync_replicas" in merged else min(2, replicas)
+    if min_insync > replicas:
+        raise ConfigError(
+            f"topic catalog {source}: {logical}.min_insync_replicas is {min_insync} but the replication "
+            f"factor is {replicas}: no write could succeed; lower min_insync_replicas or raise "
+            "KEYLANE_REPLICATION_FACTOR"
+        )
     return TopicSpec(
         logical_name=logical,
         name=prefix + logical,
         partitions=need_int("partitions", 1),
-        replication_factor=replication_factor or need_int("replication_factor", 1),
+        replication_factor=replicas,
+        min_insync_replicas=min_insync,
         cleanup_policy=policy,
         retention_ms=need_int("retention_ms", -1),
         max_message_bytes=need_int("max_message_bytes", 1024),

@@ -6,6 +6,9 @@ the assignment). Only events pass through it: tool results and approvals already
 the physical key, and re-sharding them would route them away from their continuation.
 
 A record it cannot read becomes ``malformed_record`` on agent.errors; it is never dropped.
+A copy too large for agent.events.sharded becomes ``record_too_large`` there instead. A
+record is acked only once Kafka confirmed its copy or its dead letter
+(service/runtime/delivery.py).
 
 Every copy carries its original's position (``keylane.origin``). A crash or a rebalance makes
 the stage copy a record again at a new offset; with ``hash`` assignment the copy lands on
@@ -24,6 +27,7 @@ from service.catalog import EVENTS, EVENTS_SHARDED, Catalog
 from service.keys import Assignment, ShardAssigner
 from service.records import InputRecord, error_emit, origin_header
 from service.runtime.activation import wall_clock_ms
+from service.runtime.delivery import RecordTooLarge, confirming
 from service.runtime.faust_glue import feed_lanes, guard_offsets
 from service.runtime.lanes import PartitionLanes
 from service.runtime.processor import Publisher, raw_topic
@@ -52,13 +56,13 @@ class ShardKeys:
 
     def install(self, app: faust.App, catalog: Catalog, publisher: Publisher) -> None:
         """Add the stage to a Faust app: agent.events -> agent.events.sharded, in offset order
-        per partition and acked only after the sharded record was handed to the producer."""
+        per partition and acked only after Kafka confirmed the sharded record."""
         source = raw_topic(app, catalog.name(EVENTS))
         target = raw_topic(app, catalog.name(EVENTS_SHARDED))
         lanes = PartitionLanes()
         offsets = guard_offsets(app, [catalog.name(EVENTS)])
 
-        async def forward(event: Any) -> None:
+        async def copy(event: Any) -> None:
             message = event.message
             try:
                 physical, value = self.reshard(message.key, message.value)
@@ -68,12 +72,22 @@ class ShardKeys:
                     error_emit(record, "malformed_record", exc.detail, now_ms=wall_clock_ms())
                 )
                 return
-            await target.send(key=physical, value=value, headers=[origin_header(message)])
+            try:
+                await target.send(key=physical, value=value, headers=[origin_header(message)])
+            except RecordTooLarge as refused:  # the rewritten envelope grew past the limit
+                await publisher.refuse(refused)
+
+        async def forward(event: Any) -> None:
+            async with confirming(app):
+                await copy(event)
 
         async def dead_letter(event: Any, exc: Exception) -> None:
             record = InputRecord.of(EVENTS, event.message)
             detail = f"{type(exc).__name__}: {exc}"
-            await publisher.publish(error_emit(record, "processing_failed", detail, now_ms=wall_clock_ms()))
+            async with confirming(app):
+                await publisher.publish(
+                    error_emit(record, "processing_failed", detail, now_ms=wall_clock_ms())
+                )
 
         async def shard(stream: Any) -> None:
             await feed_lanes(stream, lanes, forward, on_poison=dead_letter)

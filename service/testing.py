@@ -100,7 +100,8 @@ class AgentHarness:
         decision = await self.runtime.handle(record, self.state)
         if decision.new_state is not None:
             assert record.key is not None
-            self.store[record.key] = encode_state(decision.new_state)
+            blob = decision.blob if decision.blob is not None else encode_state(decision.new_state)
+            self.store[record.key] = blob
             self.timers.update(record.key, decision.new_state)
         for emit in decision.emits:
             self.runtime.on_published(emit.record_id)

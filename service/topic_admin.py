@@ -5,31 +5,47 @@ Guarantees of :func:`apply_catalog`, in order:
 1. it inspects every catalog topic before changing anything;
 2. if any existing topic's partition count differs from the catalog it raises TopicDrift
    and changes nothing (partition count decides a key's lane, so it is a correctness input);
-3. it creates the missing topics with the catalog's partitions, replication and configs;
-4. it sets the managed configs (cleanup.policy, retention.ms, max.message.bytes) of existing
-   topics that drifted, and leaves topics that match alone;
-5. replication-factor drift is reported, not changed (that needs a partition reassignment).
+3. it creates the missing topics with the catalog's partitions, replication and configs,
+   and returns once every broker's metadata lists them (see
+   :func:`wait_until_every_broker_knows`);
+4. it sets the managed configs (cleanup.policy, retention.ms, max.message.bytes,
+   min.insync.replicas) of existing topics that drifted, and leaves topics that match alone;
+5. replication-factor drift is reported, not changed (that needs a partition reassignment);
+   so is a replication factor below what the cluster could give (``min(3, brokers)``), e.g.
+   the local default of 1 applied to a 3-broker cluster.
+
+A replication factor above the number of brokers is refused by the broker; the error says
+which setting to lower.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.protocol.metadata import MetadataRequest
 
 from service.catalog import Catalog, TopicSpec
 from service.config import Settings
 from service.errors import BrokerUnavailable, TopicDrift
 
+log = logging.getLogger(__name__)
+
 CONNECT_TIMEOUT_S = 15.0
+METADATA_WAIT_S = 30.0
+RETRY_S = 30.0
+_T = TypeVar("_T")
 _UNKNOWN_TOPIC = 3
 _TOPIC_EXISTS = 36
+RECOMMENDED_REPLICAS = 3  # what Kafka operators run: survives one broker down with min.insync 2
 
 
 @dataclass(frozen=True)
@@ -93,10 +109,26 @@ async def admin_client(settings: Settings) -> AsyncIterator[AIOKafkaAdminClient]
         await client.close()
 
 
+async def _retry(call: Callable[[], Awaitable[_T]], *, timeout_s: float = RETRY_S) -> _T:
+    """Run an admin request again while it fails with a retriable Kafka error, for up to
+    ``timeout_s``. A broker that was just killed stays in the cluster metadata until the
+    controller fences it, and a request the admin client sends it fails at once
+    (NodeNotReadyError); the next try goes to a broker that answers. Every request retried
+    here is idempotent (a create that already happened reports TOPIC_ALREADY_EXISTS)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await call()
+        except KafkaError as exc:
+            if not exc.retriable or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.2)
+
+
 async def inspect_catalog(client: AIOKafkaAdminClient, catalog: Catalog) -> list[TopicReport]:
     """Describe every catalog topic on the broker and list how each differs."""
     specs = list(catalog)
-    described = await client.describe_topics([s.name for s in specs])
+    described = await _retry(lambda: client.describe_topics([s.name for s in specs]))
     by_name: dict[str, dict[str, Any]] = {d["topic"]: d for d in described}
     present = [s for s in specs if by_name.get(s.name, {}).get("error_code") == 0]
     configs = await _topic_configs(client, [s.name for s in present])
@@ -130,10 +162,82 @@ def _diff(spec: TopicSpec, info: dict[str, Any], configs: dict[str, str]) -> lis
     return drifts
 
 
+async def wait_until_every_broker_knows(
+    client: AIOKafkaAdminClient, names: list[str], *, timeout_s: float = METADATA_WAIT_S
+) -> list[str]:
+    """Wait until every reachable broker's metadata lists each topic with its partitions;
+    returns what is still missing at the deadline (empty: all known).
+
+    A new topic reaches each broker's metadata a moment after the controller created it. A
+    client that asks a broker which has not caught up is told the topic does not exist, and
+    Faust's consumer keeps that answer for metadata.max.age.ms (5 minutes): its assignor
+    then skips the changelog and every table write fails with PartitionsMismatch ("the
+    changelog has 0 partitions"). On one broker the window is too short to see; on three it
+    is not. A broker that cannot be reached is skipped: it serves nobody stale answers.
+    """
+    brokers = [b["node_id"] for b in (await _retry(client.describe_cluster))["brokers"]]
+    inner = client._client  # the public admin API asks one broker; this asks each
+    deadline = time.monotonic() + timeout_s
+    while True:
+        behind: list[str] = []
+        for node_id in brokers:
+            try:
+                response = await inner.send(node_id, MetadataRequest(names, allow_auto_topic_creation=False))
+            except (KafkaError, OSError):
+                continue
+            known = {
+                t["topic"] for t in response.to_object()["topics"] if t["error_code"] == 0 and t["partitions"]
+            }
+            behind.extend(f"{name} (broker {node_id})" for name in names if name not in known)
+        if not behind or time.monotonic() > deadline:
+            return behind
+        await asyncio.sleep(0.1)
+
+
+async def ensure_topic(
+    client: AIOKafkaAdminClient,
+    *,
+    name: str,
+    partitions: int,
+    replication_factor: int,
+    configs: dict[str, str],
+) -> bool:
+    """Create a topic keylane needs outside the catalog (a Faust table's changelog) unless it
+    exists, then wait until every broker's metadata lists it; True when this call created it.
+
+    An existing topic is left as it is: a changelog created by an older keylane keeps its
+    configs (docs/configuration.md says how to add min.insync.replicas to it).
+    """
+    described = await _retry(lambda: client.describe_topics([name]))
+    created = False
+    if not any(d["topic"] == name and d["error_code"] == 0 for d in described):
+        new = [NewTopic(name, partitions, replication_factor, topic_configs=configs)]
+        response = await _retry(lambda: client.create_topics(new))
+        for _name, code, message in response.topic_errors:
+            if code not in (0, _TOPIC_EXISTS):  # another worker may have created it a moment ago
+                raise TopicDrift(f"creating topic {name} failed: {message or code}")
+        created = True
+        log.info(
+            "created topic %s (%s partitions, replication factor %s)", name, partitions, replication_factor
+        )
+    unknown = await wait_until_every_broker_knows(client, [name])
+    if unknown:
+        log.warning(
+            "topic %s is not in every broker's metadata after %ss: %s", name, METADATA_WAIT_S, unknown
+        )
+    return created
+
+
+async def broker_count(client: AIOKafkaAdminClient) -> int:
+    """How many brokers the cluster's metadata lists."""
+    return len((await _retry(client.describe_cluster))["brokers"])
+
+
 async def _topic_configs(client: AIOKafkaAdminClient, names: list[str]) -> dict[str, dict[str, str]]:
     if not names:
         return {}
-    responses = await client.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
+    resources = [ConfigResource(ConfigResourceType.TOPIC, n) for n in names]
+    responses = await _retry(lambda: client.describe_configs(resources))
     result: dict[str, dict[str, str]] = {}
     for response in responses:
         for error_code, _msg, _type, name, entries in response.resources:
@@ -153,19 +257,40 @@ async def apply_catalog(client: AIOKafkaAdminClient, catalog: Catalog) -> ApplyR
             f"says {first.spec.partitions}; co-partitioning needs them equal: recreate the topic with "
             f"{first.spec.partitions} partitions or use another --topic-prefix"
         )
+    brokers = await broker_count(client)
+    too_many = [r.spec for r in reports if r.status == "missing" and r.spec.replication_factor > brokers]
+    if too_many:
+        raise TopicDrift(
+            f"topic {too_many[0].name} needs replication factor {too_many[0].replication_factor} but the "
+            f"cluster has {brokers} broker(s); set KEYLANE_REPLICATION_FACTOR to at most {brokers} "
+            "(nothing was changed)"
+        )
     result = ApplyResult()
+    recommended = min(RECOMMENDED_REPLICAS, brokers)
+    under = [r.spec.name for r in reports if r.spec.replication_factor < recommended]
+    if under:
+        result.warnings.append(
+            f"{len(under)} topic(s) ({under[0]}, ...) have replication factor below {recommended} on a "
+            f"cluster of {brokers} brokers: losing one broker can lose their data; set "
+            f"KEYLANE_REPLICATION_FACTOR={recommended}"
+        )
     missing = [r.spec for r in reports if r.status == "missing"]
     if missing:
-        response = await client.create_topics(
-            [
-                NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.broker_configs())
-                for s in missing
-            ]
-        )
+        new_topics = [
+            NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.broker_configs())
+            for s in missing
+        ]
+        response = await _retry(lambda: client.create_topics(new_topics))
         for name, code, message in response.topic_errors:
             if code not in (0, _TOPIC_EXISTS):
                 raise TopicDrift(f"creating topic {name} failed: {message or code}")
         result.created = [s.name for s in missing]
+        unknown = await wait_until_every_broker_knows(client, result.created)
+        if unknown:
+            result.warnings.append(
+                f"created topics not yet in every broker's metadata after {METADATA_WAIT_S:.0f}s: "
+                + ", ".join(unknown[:3])
+            )
     for report in reports:
         if report.status == "ok":
             result.unchanged.append(report.spec.name)
@@ -174,9 +299,10 @@ async def apply_catalog(client: AIOKafkaAdminClient, catalog: Catalog) -> ApplyR
             if config_drift:
                 # AlterConfigs (not the incremental form) replaces the topic's overrides
                 # with exactly the catalog's: the catalog is the source of truth.
-                responses = await client.alter_configs(
-                    [ConfigResource(ConfigResourceType.TOPIC, report.spec.name, report.spec.broker_configs())]
-                )
+                wanted = [
+                    ConfigResource(ConfigResourceType.TOPIC, report.spec.name, report.spec.broker_configs())
+                ]
+                responses = await _retry(lambda: client.alter_configs(wanted))  # noqa: B023 - awaited here
                 for response in responses:
                     for code, message, *_ in response.resources:
                         if code != 0:

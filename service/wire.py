@@ -145,8 +145,24 @@ class RecordOrigin(msgspec.Struct, kw_only=True):
     offset: int
 
 
+class RawDigest(msgspec.Struct, kw_only=True):
+    """Bytes too large for a dead letter to carry whole: their length, their sha256 (hex)
+    and their first bytes (base64). The whole bytes stay in the record at ``origin``."""
+
+    size: int
+    sha256: str
+    prefix_b64: str
+
+
 class ErrorRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A dead letter on agent.errors. Nothing is dropped silently: raw bytes are kept."""
+    """A dead letter on agent.errors. Nothing is dropped silently: raw bytes are kept.
+
+    When the raw bytes would make the dead letter itself too large to produce, it carries
+    ``raw_key_digest`` / ``raw_value_digest`` instead of ``raw_key_b64`` / ``raw_value_b64``,
+    and ``record_bytes`` / ``limit_bytes`` say by how much the record was over. For
+    ``record_too_large`` the raw bytes are those of the record keylane could not produce (an
+    output, an intent, a copy), and ``origin`` is the input it was produced for.
+    """
 
     v: int = SCHEMA_VERSION
     error_id: str
@@ -158,6 +174,12 @@ class ErrorRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     raw_key_b64: str | None = None
     raw_value_b64: str | None = None
     at_ms: int = 0
+    raw_key_digest: RawDigest | None = None
+    raw_value_digest: RawDigest | None = None
+    record_bytes: int | None = None
+    """The size of the record that could not be produced whole (key, value, headers, overhead)."""
+    limit_bytes: int | None = None
+    """The most its topic and keylane's producer take: min(max.message.bytes, max request size)."""
 
 
 InputRecord = AgentEnvelope | ToolResult | Approval

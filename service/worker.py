@@ -12,7 +12,7 @@ import faust
 import prometheus_client
 
 from service import metrics
-from service.app import build_app
+from service.app import build_app, changelog_record_limit
 from service.catalog import INTENTS, Catalog
 from service.config import Settings
 from service.effector.service import Effector
@@ -76,6 +76,7 @@ def run_worker(settings: Settings, catalog: Catalog, *, agent_ref: str, config_r
         keyring=settings.keyring(),
         approval_signatures=parse_mode(settings.approval_signatures, "KEYLANE_APPROVAL_SIGNATURES"),
         result_signatures=parse_mode(settings.result_signatures, "KEYLANE_RESULT_SIGNATURES"),
+        changelog_max_bytes=changelog_record_limit(app, catalog),
     )
     processor = AgentProcessor(app, catalog, runtime, sharded=config.shards is not None)
     if config.shards is not None:

@@ -15,7 +15,13 @@ Lifecycle of ``start`` (in order):
 4. start each node as its own session (Ctrl-C in a terminal does not reach it; ``stop``
    does);
 5. wait until every node answers a Metadata request listing all N brokers, then write
-   ``<state-dir>/cluster.json`` and print the bootstrap address.
+   ``<state-dir>/cluster.json`` and ``<state-dir>/keylane.env`` (the bootstrap address and
+   the replication factor keylane's topics should get) and print the bootstrap address.
+
+Replication follows what Kafka operators run: topics default to replication factor
+``min(3, N)`` and ``min.insync.replicas`` ``min(2, N)``, the internal topics too, so an
+N >= 3 cluster survives one broker down without losing an acknowledged (acks=all) write.
+keylane also sets both on its own topics explicitly (KEYLANE_REPLICATION_FACTOR).
 
 ``stop`` sends SIGTERM (a controlled shutdown), waits, then SIGKILLs what is left.
 """
@@ -159,9 +165,20 @@ def plan_nodes(state_dir: Path, count: int, base_port: int) -> list[Node]:
     ]
 
 
+def replication_factor(nodes: int) -> int:
+    """The replication factor topics on an N-node cluster get: 3, or N when smaller."""
+    return min(3, nodes)
+
+
+def min_insync_replicas(nodes: int) -> int:
+    """Replicas an acks=all write needs: 2 (one broker may be down), or 1 on one node."""
+    return min(2, replication_factor(nodes))
+
+
 def server_properties(node: Node, nodes: list[Node]) -> str:
     voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in nodes)
-    internal_rf = min(3, len(nodes))
+    internal_rf = replication_factor(len(nodes))
+    min_isr = min_insync_replicas(len(nodes))
     return "\n".join(
         [
             "process.roles=broker,controller",
@@ -177,10 +194,14 @@ def server_properties(node: Node, nodes: list[Node]) -> str:
             # Topics come from the catalog (keylane topics apply) or from Faust's admin calls;
             # a typo in a topic name must fail, not create a topic silently.
             "auto.create.topics.enable=false",
+            # Broker defaults for any topic created without its own settings; keylane's
+            # catalog and changelog topics carry both explicitly.
+            f"default.replication.factor={internal_rf}",
+            f"min.insync.replicas={min_isr}",
             f"offsets.topic.replication.factor={internal_rf}",
             "offsets.topic.num.partitions=10",
             f"transaction.state.log.replication.factor={internal_rf}",
-            "transaction.state.log.min.isr=1",
+            f"transaction.state.log.min.isr={min_isr}",
             # Local cluster: no reason to hold a new consumer group's first join for 3 s.
             "group.initial.rebalance.delay.ms=0",
             "log.segment.bytes=67108864",
@@ -356,16 +377,7 @@ def _start_once(state_dir: Path, libs: Path, nodes: int, base: int, quiet: bool)
             )
             if fmt.returncode != 0:
                 raise LauncherError(f"formatting node {node.node_id} failed: {fmt.stderr.strip()[-300:]}")
-            with open(node_dir / "stdout.log", "ab") as out:
-                proc = subprocess.Popen(
-                    _java_cmd(libs, node_dir, "kafka.Kafka", str(props)),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            _CHILDREN[proc.pid] = proc
-            started.append(Node(**{**asdict(node), "pid": proc.pid}))
+            started.append(_launch(libs, node))
         cluster = Cluster(state_dir=str(state_dir), nodes=started)
         _write_cluster(cluster)
         _wait_ready(cluster)
@@ -374,6 +386,62 @@ def _start_once(state_dir: Path, libs: Path, nodes: int, base: int, quiet: bool)
         raise
     if not quiet:
         print(f"kafka {KAFKA_VERSION}: {nodes} node(s) ready at {cluster.bootstrap} (data: {state_dir})")
+        if nodes > 1:
+            print(
+                f"keylane on this cluster: set -a; . {state_dir / 'keylane.env'}; set +a  "
+                f"(replication factor {replication_factor(nodes)}, min.insync.replicas "
+                f"{min_insync_replicas(nodes)})"
+            )
+    return cluster
+
+
+def _launch(libs: Path, node: Node) -> Node:
+    """Start one formatted node's JVM as its own session; the node with its pid."""
+    node_dir = Path(node.data_dir)
+    with open(node_dir / "stdout.log", "ab") as out:
+        proc = subprocess.Popen(
+            _java_cmd(libs, node_dir, "kafka.Kafka", str(node_dir / "server.properties")),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    _CHILDREN[proc.pid] = proc
+    return Node(**{**asdict(node), "pid": proc.pid})
+
+
+def _recorded_node(state_dir: Path, node_id: int) -> tuple[Cluster, Node]:
+    cluster = read_cluster(state_dir.resolve())
+    if cluster is None:
+        raise LauncherError(f"no local kafka recorded in {state_dir}")
+    for node in cluster.nodes:
+        if node.node_id == node_id:
+            return cluster, node
+    raise LauncherError(f"the cluster in {state_dir} has no node {node_id}")
+
+
+def kill_node(state_dir: Path, node_id: int) -> None:
+    """kill -9 one node of the cluster: a crash, no controlled shutdown (for fault tests)."""
+    _cluster, node = _recorded_node(state_dir, node_id)
+    if _alive(node.pid):
+        _signal_group(node.pid, signal.SIGKILL)
+    while _alive(node.pid):
+        time.sleep(0.05)
+
+
+def restart_node(state_dir: Path, node_id: int) -> Cluster:
+    """Start a stopped node again on its data and ports; returns once every node lists all
+    brokers (the node's log, appended to, keeps what it said before the crash)."""
+    cluster, node = _recorded_node(state_dir, node_id)
+    if _alive(node.pid):
+        raise LauncherError(f"node {node_id} still runs (pid {node.pid}); kill it first")
+    restarted = _launch(ensure_jars(), node)
+    cluster = Cluster(
+        state_dir=cluster.state_dir,
+        nodes=[restarted if n.node_id == node_id else n for n in cluster.nodes],
+    )
+    _write_cluster(cluster)
+    _wait_ready(cluster)
     return cluster
 
 
@@ -386,7 +454,17 @@ def _kafka_uuid() -> str:
             return cid
 
 
+def keylane_env(cluster: Cluster) -> dict[str, str]:
+    """The environment keylane's processes need for this cluster."""
+    return {
+        "KEYLANE_BOOTSTRAP_SERVERS": cluster.bootstrap,
+        "KEYLANE_REPLICATION_FACTOR": str(replication_factor(len(cluster.nodes))),
+    }
+
+
 def _write_cluster(cluster: Cluster) -> None:
+    env = "".join(f"{name}={value}\n" for name, value in keylane_env(cluster).items())
+    (Path(cluster.state_dir) / "keylane.env").write_text(env)
     path = Path(cluster.state_dir) / "cluster.json"
     path.write_text(
         json.dumps(

@@ -35,6 +35,7 @@ from service.effector.claims import ClaimStore
 from service.effector.handler import EffectorIO, Headers, IntentHandler, revocation_grace_s
 from service.records import Emit, InputRecord, error_emit
 from service.runtime.activation import Clock, wall_clock_ms
+from service.runtime.delivery import RecordTooLarge, confirm_handed_off, confirming, track_changelog
 from service.runtime.faust_glue import feed_lanes, guard_offsets
 from service.runtime.lanes import PartitionLanes
 from service.runtime.processor import Publisher, raw_topic
@@ -66,7 +67,10 @@ class EffectorLanes(PartitionLanes):
 
 class FaustEffectorIO(EffectorIO):
     """The handler's Kafka side on a Faust app: publishes through ``Publisher``, re-routes
-    to agent.intents, flushes the app's producer."""
+    to agent.intents, flushes the app's producer. Every record it hands over, and every claim
+    table write, is confirmed by Kafka before the intent's job ends (``Effector.handle`` runs
+    in ``confirming``), so an intent's offset is never committed before its Done, its result
+    or its copy is in Kafka (service/runtime/delivery.py)."""
 
     def __init__(self, app: faust.App, publisher: Publisher, intents: Any) -> None:
         self._app = app
@@ -77,10 +81,16 @@ class FaustEffectorIO(EffectorIO):
         await self._publisher.publish(emit)
 
     async def reroute(self, *, key: bytes, value: bytes | None, partition: int, headers: Headers) -> None:
-        await self._intents.send(key=key, value=value, partition=partition, headers=headers)
+        try:
+            await self._intents.send(key=key, value=value, partition=partition, headers=headers)
+        except RecordTooLarge as refused:  # the copy's origin header took it over the limit
+            await self._publisher.refuse(refused)
 
     async def flush(self) -> None:
+        """Flush, then wait for Kafka to confirm what this intent produced so far: its claim
+        is durable before the tool runs, and a refused claim stops the effector first."""
         await self._app.producer.flush()
+        await confirm_handed_off(self._app)
 
 
 class Effector:
@@ -113,6 +123,7 @@ class Effector:
             key_type=bytes,
             value_type=bytes,
         )
+        track_changelog(self.table)  # a claim counts as written only once Kafka has it
         self.claims = ClaimStore(self.table)
         self.handler = IntentHandler(
             registry,
@@ -150,10 +161,14 @@ class Effector:
         moves on, and its tool never ran past a Done it could not record."""
         record = InputRecord.of(INTENTS, event.message)
         detail = f"{type(exc).__name__}: {exc}"
-        await self.publisher.publish(error_emit(record, "processing_failed", detail, now_ms=wall_clock_ms()))
+        async with confirming(self.app):
+            await self.publisher.publish(
+                error_emit(record, "processing_failed", detail, now_ms=wall_clock_ms())
+            )
 
     async def _handle_event(self, event: Any) -> None:
-        await self.handle(event.message)
+        async with confirming(self.app):  # the job ends once Kafka has what it produced
+            await self.handle(event.message)
 
     async def _stop_lanes(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         await self.lanes.stop()

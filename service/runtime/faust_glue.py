@@ -55,6 +55,7 @@ from faust.transport.drivers.aiokafka import Consumer as AIOKafkaDriverConsumer
 from faust.types import TP
 
 from service import metrics
+from service.runtime.delivery import ProduceFailed
 from service.runtime.lanes import LaneRecord, LaneScheduler, WindowHooks
 from service.runtime.offsets import Admission, OffsetLedger
 
@@ -382,6 +383,8 @@ async def _handle_or_dead_letter(
         try:
             await handle(event)
             return
+        except ProduceFailed:
+            raise  # the worker is going down without committing this record: no retry, no dead letter
         except Exception as exc:
             message = event.message
             if on_poison is None:

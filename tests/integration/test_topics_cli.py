@@ -16,11 +16,12 @@ from service.topic_admin import admin_client
 pytestmark = pytest.mark.kafka
 
 
-def keylane(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+def keylane(settings: Settings, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "KEYLANE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
         "KEYLANE_TOPIC_PREFIX": settings.topic_prefix,
+        **extra_env,
     }
     return subprocess.run(
         [sys.executable, "-m", "service.cli", *args],
@@ -100,3 +101,54 @@ async def test_check_reports_drift_without_changing_it(settings: Settings) -> No
     fixed = keylane(settings, "topics", "apply")
     assert f"reconfigured {catalog.name(EVENTS)}" in fixed.stdout
     assert keylane(settings, "topics", "check").returncode == 0
+
+
+async def test_replication_factor_above_the_broker_count_is_refused_and_nothing_changes(
+    settings: Settings,
+) -> None:
+    async with admin_client(settings) as client:
+        brokers = len((await client.describe_cluster())["brokers"])
+    too_many = str(brokers + 1)
+
+    result = keylane(settings, "topics", "apply", KEYLANE_REPLICATION_FACTOR=too_many)
+
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"keylane: topic {settings.topic_prefix}agent.events needs replication factor {too_many} but the "
+        f"cluster has {brokers} broker(s); set KEYLANE_REPLICATION_FACTOR to at most {brokers} "
+        "(nothing was changed)"
+    ]
+    assert await broker_topics(settings) == set(), "apply must not create anything"
+
+
+async def test_min_insync_replicas_is_set_checked_and_restored(settings: Settings) -> None:
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    assert keylane(settings, "topics", "apply").returncode == 0
+    catalog = load_catalog(prefix=settings.topic_prefix)
+    want = 1  # the catalog's replication factor is 1 unless KEYLANE_REPLICATION_FACTOR says otherwise
+    async with admin_client(settings) as client:
+        await client.alter_configs(
+            [
+                ConfigResource(
+                    ConfigResourceType.TOPIC,
+                    catalog.name(EVENTS),
+                    {**catalog[EVENTS].broker_configs(), "min.insync.replicas": "2"},
+                )
+            ]
+        )
+
+    check = keylane(settings, "topics", "check")
+
+    assert check.returncode == 1
+    assert f"drift    {catalog.name(EVENTS)}: min.insync.replicas: catalog {want}, broker 2" in check.stdout
+    fixed = keylane(settings, "topics", "apply")
+    assert f"reconfigured {catalog.name(EVENTS)}" in fixed.stdout
+    async with admin_client(settings) as client:
+        [response] = await client.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, catalog.name(EVENTS))]
+        )
+    configs = {
+        entry[0]: entry[1] for _code, _msg, _type, _name, entries in response.resources for entry in entries
+    }
+    assert configs["min.insync.replicas"] == str(want)

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from aiokafka.errors import NodeNotReadyError
 
-from service.catalog import ERRORS, EVENTS, LOGICAL_NAMES, load_catalog
+from service.app import build_app, changelog_record_limit
+from service.catalog import ERRORS, EVENTS, LOGICAL_NAMES, Catalog, load_catalog
 from service.config import Settings
 from service.errors import ConfigError
+from service.topic_admin import inspect_catalog
+from tests.broker import local_kafka
 
 
 def test_environment_is_read_and_flags_win() -> None:
@@ -50,6 +56,7 @@ def test_catalog_defines_every_topic_with_its_settings() -> None:
         "cleanup.policy": "delete",
         "retention.ms": "2592000000",
         "max.message.bytes": "2097152",
+        "min.insync.replicas": "2",
     }
 
 
@@ -69,3 +76,104 @@ def test_catalog_missing_a_topic_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="must define exactly the system's topics"):
         load_catalog(path=path)
+
+
+@pytest.mark.parametrize(("replicas", "min_insync"), [(None, 1), (1, 1), (2, 2), (3, 2), (5, 2)])
+def test_min_insync_replicas_is_two_or_the_replication_factor(replicas: int | None, min_insync: int) -> None:
+    catalog = load_catalog(replication_factor=replicas)
+
+    assert {spec.min_insync_replicas for spec in catalog} == {min_insync}
+    assert {spec.broker_configs()["min.insync.replicas"] for spec in catalog} == {str(min_insync)}
+
+
+def _catalog_text() -> str:
+    return (Path(__file__).resolve().parents[2] / "topics" / "catalog.toml").read_text()
+
+
+def test_catalog_min_insync_replicas_can_be_set_and_must_fit_the_replication_factor(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.toml"
+    path.write_text(_catalog_text().replace("[defaults]\n", "[defaults]\nmin_insync_replicas = 3\n"))
+
+    assert {spec.min_insync_replicas for spec in load_catalog(path=path, replication_factor=5)} == {3}
+    with pytest.raises(ConfigError, match=r"min_insync_replicas is 3 but the replication factor is 2"):
+        load_catalog(path=path, replication_factor=2)
+
+
+def test_faust_app_produces_with_acks_all_and_replicates_changelogs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Faust lets these environment variables win over its constructor's arguments.
+    monkeypatch.setenv("PRODUCER_ACKS", "1")
+    monkeypatch.setenv("TOPIC_REPLICATION_FACTOR", "1")
+
+    app = build_app(Settings.from_env({}), load_catalog(replication_factor=3))
+    table = app.Table("keylane-state", default=None, partitions=6, key_type=bytes, value_type=bytes)
+
+    assert app.producer._settings_default()["acks"] == -1  # what aiokafka is given: acks=all
+    assert app.conf.topic_replication_factor == 3
+    assert app.conf.topic_allow_declare is False  # keylane's admin client creates the changelog
+    changelog = table.changelog_topic
+    # max.message.bytes: the producer's limit, above the broker default a full state can pass
+    assert changelog.config == {"min.insync.replicas": "2", "max.message.bytes": "2097152"}
+    assert changelog_record_limit(app, load_catalog()) == 2097152
+    assert changelog.compacting is True
+
+
+def test_local_cluster_defaults_replicate_like_production() -> None:
+    launcher = local_kafka()
+    three = launcher.plan_nodes(Path("/nonexistent"), 3, 40000)
+    one = launcher.plan_nodes(Path("/nonexistent"), 1, 40000)
+
+    props = launcher.server_properties(three[0], three)
+    assert "default.replication.factor=3\n" in props
+    assert "min.insync.replicas=2\n" in props
+    assert "transaction.state.log.min.isr=2\n" in props
+    single = launcher.server_properties(one[0], one)
+    assert "default.replication.factor=1\n" in single
+    assert "min.insync.replicas=1\n" in single
+    cluster = launcher.Cluster(state_dir="/nonexistent", nodes=three)
+    assert launcher.keylane_env(cluster) == {
+        "KEYLANE_BOOTSTRAP_SERVERS": "127.0.0.1:40000,127.0.0.1:40002,127.0.0.1:40004",
+        "KEYLANE_REPLICATION_FACTOR": "3",
+    }
+
+
+class _BrokerJustKilled:
+    """An admin client whose first metadata request goes to a broker that was just killed
+    (aiokafka raises NodeNotReadyError at once); later requests reach a live broker."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.describe_calls = 0
+
+    async def describe_topics(self, names: list[str]) -> list[dict[str, Any]]:
+        self.describe_calls += 1
+        if self.describe_calls == 1:
+            raise NodeNotReadyError("Attempt to send a request to node which is not ready (node id 3).")
+        return [
+            {
+                "topic": n,
+                "error_code": 0,
+                "partitions": [{"replicas": [1]}] * self.catalog[_logical(n)].partitions,
+            }
+            for n in names
+        ]
+
+    async def describe_configs(self, resources: list[Any]) -> list[Any]:
+        entries = {
+            r.name: [(k, v) for k, v in self.catalog[_logical(r.name)].broker_configs().items()]
+            for r in resources
+        }
+        return [SimpleNamespace(resources=[(0, "", 2, name, e) for name, e in entries.items()])]
+
+
+def _logical(name: str) -> str:
+    return name.removeprefix("prod.")
+
+
+async def test_inspecting_retries_a_request_that_reached_a_broker_just_killed() -> None:
+    catalog = load_catalog(prefix="prod.")
+    client = _BrokerJustKilled(catalog)
+
+    reports = await inspect_catalog(client, catalog)  # type: ignore[arg-type]
+
+    assert {r.status for r in reports} == {"ok"}
+    assert client.describe_calls == 2
