@@ -205,12 +205,26 @@ async def ensure_topic(
     """Create a topic keylane needs outside the catalog (a Faust table's changelog) unless it
     exists, then wait until every broker's metadata lists it; True when this call created it.
 
-    An existing topic is left as it is: a changelog created by an older keylane keeps its
-    configs (docs/configuration.md says how to add min.insync.replicas to it).
+    An existing topic whose configs differ from ``configs`` gets exactly ``configs`` as its
+    overrides, as ``topics apply`` does for the catalog's topics: a changelog an older
+    keylane created with the broker's max.message.bytes (about 1 MiB) would refuse a state
+    blob the runtime allows, and one without min.insync.replicas takes writes on one replica.
+    Its partitions and replication factor are never changed.
     """
     described = await _retry(lambda: client.describe_topics([name]))
     created = False
-    if not any(d["topic"] == name and d["error_code"] == 0 for d in described):
+    if any(d["topic"] == name and d["error_code"] == 0 for d in described):
+        current = (await _topic_configs(client, [name])).get(name, {})
+        drift = {k: (current.get(k), v) for k, v in configs.items() if current.get(k) != v}
+        if drift:
+            wanted = [ConfigResource(ConfigResourceType.TOPIC, name, configs)]
+            responses = await _retry(lambda: client.alter_configs(wanted))
+            for response in responses:
+                for code, message, *_ in response.resources:
+                    if code != 0:
+                        raise TopicDrift(f"updating configs of {name} failed: {message or code}")
+            log.info("updated configs of %s (was, now): %s", name, drift)
+    else:
         new = [NewTopic(name, partitions, replication_factor, topic_configs=configs)]
         response = await _retry(lambda: client.create_topics(new))
         for _name, code, message in response.topic_errors:
