@@ -76,16 +76,18 @@ async def test_scaling_1_2_1_keeps_every_guarantee(
     assert_exactly_once_in_effect(outputs, payloads, ledger)
 
 
+@pytest.mark.timeout(300)
 async def test_activations_past_the_grace_period_are_abandoned_to_the_next_owner(
     settings: Settings, catalog: Catalog, tmp_path: Path
 ) -> None:
-    """Every activation takes 6 s; the grace period is 1 s. When a second worker joins, the
-    first cancels what is still running instead of holding the rebalance for 6 s, commits
-    none of it, and the events run to one output each anyway."""
+    """Every activation takes 20 s; the grace period is 1 s. When a second worker joins, the
+    first cancels what is still running instead of holding the rebalance for 20 s, commits
+    none of it, and the events run to one output each anyway. (With 6 s, a second worker
+    that took longer than that to start on a busy machine found nothing left to cancel.)"""
     ledger = tmp_path / "tools.jsonl"
     llm_ledger = tmp_path / "llm.jsonl"
     env = process_env(
-        settings, TOOL_LEDGER=str(ledger), LLM_LEDGER=str(llm_ledger), FAKE_LLM_LATENCY_MS="6000"
+        settings, TOOL_LEDGER=str(ledger), LLM_LEDGER=str(llm_ledger), FAKE_LLM_LATENCY_MS="20000"
     )
     agent = [
         "worker",
