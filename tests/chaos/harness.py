@@ -658,3 +658,29 @@ def input_groups(settings: Settings, catalog: Catalog, *, sharded: bool) -> dict
         settings.app_id: [catalog.name(t) for t in worker_topics],
         f"{settings.app_id}-effector": [catalog.name(INTENTS)],
     }
+
+
+def counter_processes(
+    env: dict[str, str],
+    tmp_path: Path,
+    *,
+    config_ref: str,
+    workers: Iterable[str] = ("worker-a", "worker-b"),
+    tool_timeout_s: str | None = None,
+) -> dict[str, KeylaneProcess]:
+    """The chaos runs' processes: the effector and ``workers`` running the counter agent
+    (tests/agents/counter.py) with ``config_ref``, each worker with its own data dir, every
+    log in ``tmp_path``. Not started."""
+    effector = ["effector", "--tools", "tests.agents.counter"]
+    if tool_timeout_s is not None:
+        effector += ["--tool-timeout", tool_timeout_s]
+    worker = ["worker", "--agent", "tests.agents.counter:agent", "--config", config_ref]
+    return {
+        "effector": KeylaneProcess(effector, env, tmp_path / "effector.log"),
+        **{
+            name: KeylaneProcess(
+                worker, {**env, "KEYLANE_DATA_DIR": str(tmp_path / name)}, tmp_path / f"{name}.log"
+            )
+            for name in workers
+        },
+    }

@@ -40,12 +40,13 @@ from tests.chaos.harness import (
     Supervisor,
     Violations,
     check,
+    counter_processes,
     input_groups,
     read_end_state,
     wait_for_commits,
     wait_for_outputs,
 )
-from tests.processes import KeylaneProcess, process_env, stop_leftovers
+from tests.processes import process_env, stop_leftovers
 
 _EVENTS = int(os.environ.get("CHAOS_EVENTS", "300"))
 _KILLS = int(os.environ.get("CHAOS_KILLS", "6"))
@@ -163,20 +164,7 @@ async def test_broker_kill_9_mid_stream_loses_nothing_and_applies_nothing_twice(
         LLM_LEDGER=str(llm_ledger),
         KEYLANE_REPLICATION_FACTOR=str(REPLICAS),
     )
-    worker_args = ["worker", "--agent", "tests.agents.counter:agent", "--config", VARIANT.config_ref]
-    processes = {
-        "effector": KeylaneProcess(
-            ["effector", "--tools", "tests.agents.counter", "--tool-timeout", TOOL_TIMEOUT_S],
-            env,
-            tmp_path / "effector.log",
-        ),
-        **{
-            name: KeylaneProcess(
-                worker_args, {**env, "KEYLANE_DATA_DIR": str(tmp_path / name)}, tmp_path / f"{name}.log"
-            )
-            for name in ("worker-a", "worker-b")
-        },
-    }
+    processes = counter_processes(env, tmp_path, config_ref=VARIANT.config_ref, tool_timeout_s=TOOL_TIMEOUT_S)
     supervisor = Supervisor(processes)
     broker_task: asyncio.Task[float] | None = None
 

@@ -27,12 +27,13 @@ from tests.chaos.harness import (
     Supervisor,
     Variant,
     check,
+    counter_processes,
     input_groups,
     read_end_state,
     wait_for_commits,
     wait_for_outputs,
 )
-from tests.processes import KeylaneProcess, process_env
+from tests.processes import process_env
 
 _EVENTS = int(os.environ.get("CHAOS_EVENTS", "300"))
 _KILLS = int(os.environ.get("CHAOS_KILLS", "10"))
@@ -62,20 +63,7 @@ async def test_kill_9_chaos_keeps_exactly_once_in_effect(
     print(header, flush=True)
     tool_ledger, llm_ledger = tmp_path / "tools.jsonl", tmp_path / "llm.jsonl"
     env = process_env(settings, TOOL_LEDGER=str(tool_ledger), LLM_LEDGER=str(llm_ledger))
-    worker_args = ["worker", "--agent", "tests.agents.counter:agent", "--config", variant.config_ref]
-    processes = {
-        "effector": KeylaneProcess(
-            ["effector", "--tools", "tests.agents.counter", "--tool-timeout", TOOL_TIMEOUT_S],
-            env,
-            tmp_path / "effector.log",
-        ),
-        **{
-            name: KeylaneProcess(
-                worker_args, {**env, "KEYLANE_DATA_DIR": str(tmp_path / name)}, tmp_path / f"{name}.log"
-            )
-            for name in ("worker-a", "worker-b")
-        },
-    }
+    processes = counter_processes(env, tmp_path, config_ref=variant.config_ref, tool_timeout_s=TOOL_TIMEOUT_S)
     supervisor = Supervisor(processes)
     started = time.monotonic()
     for name in processes:

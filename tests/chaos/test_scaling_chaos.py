@@ -29,12 +29,13 @@ from tests.chaos.harness import (
     Plan,
     Supervisor,
     check,
+    counter_processes,
     input_groups,
     read_end_state,
     wait_for_commits,
     wait_for_outputs,
 )
-from tests.processes import KeylaneProcess, process_env
+from tests.processes import process_env
 
 _EVENTS = int(os.environ.get("CHAOS_EVENTS", "300"))
 TIMEOUT_S = 600 + _EVENTS // 10
@@ -65,24 +66,7 @@ async def test_scaling_1_2_3_1_beside_a_cpu_hog_loses_nothing_and_stalls_nothing
     print(header, flush=True)
     tool_ledger, llm_ledger = tmp_path / "tools.jsonl", tmp_path / "llm.jsonl"
     env = process_env(settings, TOOL_LEDGER=str(tool_ledger), LLM_LEDGER=str(llm_ledger))
-    worker_args = [
-        "worker",
-        "--agent",
-        "tests.agents.counter:agent",
-        "--config",
-        "tests.agents.counter:config",
-    ]
-    processes = {
-        "effector": KeylaneProcess(
-            ["effector", "--tools", "tests.agents.counter"], env, tmp_path / "effector.log"
-        ),
-        **{
-            name: KeylaneProcess(
-                worker_args, {**env, "KEYLANE_DATA_DIR": str(tmp_path / name)}, tmp_path / f"{name}.log"
-            )
-            for name in WORKERS
-        },
-    }
+    processes = counter_processes(env, tmp_path, config_ref="tests.agents.counter:config", workers=WORKERS)
     supervisor = Supervisor(processes)
     meant_to_run = {"effector", "worker-1"}
 
