@@ -36,7 +36,9 @@ def main() -> int:
     except local_kafka.LauncherError as exc:
         print(f"make run: {exc}", file=sys.stderr)
         return 1
-    env = {**os.environ, "KEYLANE_BOOTSTRAP_SERVERS": cluster.bootstrap}
+    # The cluster's replication factor (3 on `make broker NODES=3`) unless the environment
+    # names one: a reused 3-node cluster gets replicated topics without a manual step.
+    env = {**local_kafka.keylane_env(cluster), **os.environ, "KEYLANE_BOOTSTRAP_SERVERS": cluster.bootstrap}
     env.setdefault("KEYLANE_DATA_DIR", str(state_dir.parent / ".keylane-data"))
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     agent = env.get("KEYLANE_AGENT", "examples.support_agent:agent")

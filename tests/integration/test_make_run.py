@@ -3,6 +3,7 @@ commands it prints work as printed; Ctrl-C leaves nothing behind."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -13,8 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
-from tests.broker import REPO
+from tests.broker import REPO, local_kafka
 
 pytestmark = pytest.mark.kafka
 
@@ -94,3 +96,54 @@ def test_run_local_serves_the_example_and_ctrl_c_stops_everything(tmp_path: Path
     for pid in broker_pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+@pytest.mark.timeout(300)
+def test_run_local_on_a_running_three_node_cluster_replicates_its_topics(tmp_path: Path) -> None:
+    """`make broker NODES=3` then `make run`: the reused cluster's topics get replication
+    factor 3 and min.insync.replicas 2 without the user exporting anything."""
+    launcher = local_kafka()
+    state = tmp_path / "kafka"
+    cluster = launcher.start(state, nodes=3, quiet=True)
+    log_path = tmp_path / "run.log"
+    env = {
+        **os.environ,
+        "KEYLANE_KAFKA_STATE": str(state),
+        "KEYLANE_DATA_DIR": str(tmp_path / "data"),
+        "KEYLANE_TOPIC_PREFIX": "makerun3.",
+        "KEYLANE_APP_ID": "keylane-makerun3",
+        "KEYLANE_METRICS_PORT": "0",
+        "KEYLANE_EFFECTOR_METRICS_PORT": "0",
+        "SUPPORT_LEDGER": str(tmp_path / "ledger.jsonl"),
+    }
+    for name in ("KEYLANE_BOOTSTRAP_SERVERS", "KEYLANE_REPLICATION_FACTOR"):
+        env.pop(name, None)
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, str(REPO / "deploy" / "run_local.py")],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=REPO,
+            )
+        try:
+            wait_for_text(log_path, "keylane is running", 150, proc)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+                proc.wait(timeout=60)
+
+        async def replicas() -> dict[str, set[int]]:
+            client = AIOKafkaAdminClient(bootstrap_servers=cluster.bootstrap)
+            await client.start()
+            try:
+                topics = await client.describe_topics(["makerun3.agent.events", "makerun3.agent.intents"])
+            finally:
+                await client.close()
+            return {t["topic"]: {len(p["replicas"]) for p in t["partitions"]} for t in topics}
+
+        assert asyncio.run(replicas()) == {"makerun3.agent.events": {3}, "makerun3.agent.intents": {3}}
+    finally:
+        launcher.stop(state, quiet=True)
