@@ -22,6 +22,7 @@ from service.llm.resilience import BreakerState, ResilientProvider
 from service.llm.types import ProviderError
 from service.loader import import_module, load_agent
 from service.runtime.activation import KeyRuntime
+from service.runtime.delivery import delivery_guard
 from service.runtime.processor import AgentProcessor
 from service.shard_keys import ShardKeys
 from service.signing import parse_mode
@@ -127,7 +128,12 @@ def run_effector(
     return _run(app, effector_settings)
 
 
+CRASH_EXIT_AFTER_S = 20.0
+"""A process whose produce failed exits this long after its crash began at the latest."""
+
+
 def _run(app: faust.App, settings: Settings) -> int:
+    delivery_guard(app).exit_after_s = CRASH_EXIT_AFTER_S
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     lock = _lock_data_dir(Path(settings.data_dir))
     if settings.metrics_port:

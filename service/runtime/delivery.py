@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -92,6 +94,9 @@ class DeliveryGuard:
     def __init__(self, app: faust.App) -> None:
         self.app = app
         self.failure: ProduceFailed | None = None
+        self.exit_after_s: float | None = None
+        """Set by the process runner: after a produce failure the process exits (code 1)
+        this long after the crash began, if Faust's own shutdown has not ended it first."""
         self._limits: dict[str, int] = {}
         self._crash: asyncio.Future[None] | None = None
 
@@ -127,6 +132,13 @@ class DeliveryGuard:
         )
         log.critical("%s", self.failure)
         self._crash = asyncio.ensure_future(self.app.crash(self.failure))
+        if self.exit_after_s is not None:
+            # Faust's shutdown after a crash can wait on streams for good ("Wait for
+            # streams..."); nothing is lost by cutting it short: the input is uncommitted.
+            exit_code = 1
+            watchdog = threading.Timer(self.exit_after_s, os._exit, args=(exit_code,))
+            watchdog.daemon = True
+            watchdog.start()
         return self.failure
 
     def track(self, what: str, delivery: asyncio.Future[Any]) -> None:

@@ -115,6 +115,11 @@ def wait_exit(process: KeylaneProcess, timeout_s: float) -> int:
     return process.proc.returncode
 
 
+# Known bug, outside the default run: about 1 run in 4 beside a CPU hog, the worker does not
+# exit within 90 s of the refusal (once hung in Faust's "Wait for streams..." after the
+# crash, once still opening partitions). The crash watchdog (DeliveryGuard.exit_after_s)
+# covers the first; the second is not understood yet.
+@pytest.mark.known_bug
 @pytest.mark.parametrize("refusing", ["output", "changelog"])
 async def test_a_record_the_broker_refuses_crashes_the_worker_and_its_input_is_not_committed(
     settings: Settings, catalog: Catalog, tmp_path: Path, refusing: str
