@@ -38,24 +38,24 @@ def printed_command(shown: str, label: str) -> str:
     return match.group(1)
 
 
-def test_run_local_serves_the_example_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
-    state = tmp_path / "kafka"
-    log_path = tmp_path / "run.log"
-    ledger = tmp_path / "ledger.jsonl"
+def start_run_local(tmp_path: Path, name: str) -> subprocess.Popen[bytes]:
+    """`make run` (deploy/run_local.py) as a user starts it: its Kafka state in tmp_path/kafka,
+    its topics and group named after ``name``, nothing exported about the broker. The log goes
+    to tmp_path/run.log; a new session stands in for the terminal (Ctrl-C signals the group)."""
     env = {
         **os.environ,
-        "KEYLANE_KAFKA_STATE": str(state),
+        "KEYLANE_KAFKA_STATE": str(tmp_path / "kafka"),
         "KEYLANE_DATA_DIR": str(tmp_path / "data"),
-        "KEYLANE_TOPIC_PREFIX": "makerun.",
-        "KEYLANE_APP_ID": "keylane-makerun",
+        "KEYLANE_TOPIC_PREFIX": f"{name}.",
+        "KEYLANE_APP_ID": f"keylane-{name}",
         "KEYLANE_METRICS_PORT": "0",
         "KEYLANE_EFFECTOR_METRICS_PORT": "0",
-        "SUPPORT_LEDGER": str(ledger),
+        "SUPPORT_LEDGER": str(tmp_path / "ledger.jsonl"),
     }
-    env.pop("KEYLANE_BOOTSTRAP_SERVERS", None)
-    with open(log_path, "wb") as log:
-        # A new session stands in for the terminal: Ctrl-C signals its whole process group.
-        proc = subprocess.Popen(
+    for variable in ("KEYLANE_BOOTSTRAP_SERVERS", "KEYLANE_REPLICATION_FACTOR"):
+        env.pop(variable, None)
+    with open(tmp_path / "run.log", "wb") as log:
+        return subprocess.Popen(
             [sys.executable, str(REPO / "deploy" / "run_local.py")],
             env=env,
             stdout=log,
@@ -63,6 +63,13 @@ def test_run_local_serves_the_example_and_ctrl_c_stops_everything(tmp_path: Path
             start_new_session=True,
             cwd=REPO,
         )
+
+
+def test_run_local_serves_the_example_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    state = tmp_path / "kafka"
+    log_path = tmp_path / "run.log"
+    ledger = tmp_path / "ledger.jsonl"
+    proc = start_run_local(tmp_path, "makerun")
     try:
         shown = wait_for_text(log_path, "keylane is running", 100, proc)
         broker_pids = [n["pid"] for n in json.loads((state / "cluster.json").read_text())["nodes"]]
@@ -106,28 +113,8 @@ def test_run_local_on_a_running_three_node_cluster_replicates_its_topics(tmp_pat
     state = tmp_path / "kafka"
     cluster = launcher.start(state, nodes=3, quiet=True)
     log_path = tmp_path / "run.log"
-    env = {
-        **os.environ,
-        "KEYLANE_KAFKA_STATE": str(state),
-        "KEYLANE_DATA_DIR": str(tmp_path / "data"),
-        "KEYLANE_TOPIC_PREFIX": "makerun3.",
-        "KEYLANE_APP_ID": "keylane-makerun3",
-        "KEYLANE_METRICS_PORT": "0",
-        "KEYLANE_EFFECTOR_METRICS_PORT": "0",
-        "SUPPORT_LEDGER": str(tmp_path / "ledger.jsonl"),
-    }
-    for name in ("KEYLANE_BOOTSTRAP_SERVERS", "KEYLANE_REPLICATION_FACTOR"):
-        env.pop(name, None)
     try:
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, str(REPO / "deploy" / "run_local.py")],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=REPO,
-            )
+        proc = start_run_local(tmp_path, "makerun3")
         try:
             wait_for_text(log_path, "keylane is running", 150, proc)
         finally:
