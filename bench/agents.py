@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from service import ActivationContext, AgentConfig, Complete, FakeLLM, LlmRequest, match_any, respond_with
+from keylane import ActivationContext, AgentConfig, Complete, FakeLLM, LlmRequest, match_any, respond_with
 
 LLM_LATENCY_MS = 50.0
 SHARDS_ENV = "BENCH_SHARDS"

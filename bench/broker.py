@@ -2,7 +2,7 @@
 
 Entry point: :func:`run_broker_benchmarks`. Every benchmark gets a fresh catalog under its
 own topic prefix (6 co-partitioned partitions), its own Faust app id and data dir, and
-starts its processes the way users do (``python -m service.cli worker ...``).
+starts its processes the way users do (``python -m keylane.cli worker ...``).
 
 Throughput, the same way for keylane and the peers: pre-fill the input topic, then start
 the consumer system, and take ``(count - 1) / (last - first)`` over the output records'
@@ -67,7 +67,7 @@ from bench.agents import LLM_LATENCY_MS, SHARDS_ENV
 from bench.harness import Recorder, Result, Size, percentile, progress
 from bench.names import E2E_NOOP, FANOUT_SHARDS, HOT_KEY_FANOUT, PEER_AIOKAFKA, PEER_FAUST, PER_KEY_CEILING
 from bench.peers import READY as PEER_READY
-from service.catalog import (
+from keylane.catalog import (
     ERRORS,
     EVENTS,
     EVENTS_SHARDED,
@@ -76,11 +76,11 @@ from service.catalog import (
     default_catalog_path,
     load_catalog,
 )
-from service.config import Settings
-from service.records import ID_HEADER
-from service.runtime.faust_glue import expected_partition
-from service.topic_admin import admin_client, apply_catalog
-from service.wire import AgentEnvelope, encode
+from keylane.config import Settings
+from keylane.kafka.faust_glue import expected_partition
+from keylane.kafka.topic_admin import admin_client, apply_catalog
+from keylane.records import ID_HEADER
+from keylane.wire import AgentEnvelope, encode
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER_READY = "[^Worker]: Ready"
@@ -504,7 +504,7 @@ class BrokerBench:
             KEYLANE_TOPIC_CATALOG=str(self.catalog_path),
             **env,
         )
-        argv = [sys.executable, "-m", "service.cli", "worker", "--agent", agent, "--config", config]
+        argv = [sys.executable, "-m", "keylane.cli", "worker", "--agent", agent, "--config", config]
         return self._process(f"{deployment.name} worker", argv, environment, deployment, WORKER_READY)
 
     def peer(self, deployment: Deployment, kind: str, source: str, sink: str) -> Process:

@@ -17,9 +17,9 @@ from bench import agents
 from bench.broker import PLANS, BrokerBench
 from bench.harness import Recorder, Result, Size, progress
 from bench.names import LANES
-from service.catalog import EVENTS
-from service.runtime.faust_glue import expected_partition
-from service.wire import AgentEnvelope, encode
+from keylane.catalog import EVENTS
+from keylane.kafka.faust_glue import expected_partition
+from keylane.wire import AgentEnvelope, encode
 
 KEYS = 1000
 # (events in key mode, events in partition mode): partition mode runs at ~20/s.

@@ -1,7 +1,7 @@
 """Runtime-only benchmarks: in process, FakeLLM, no broker — keylane's own cost per activation.
 
 Every activation goes through KeyRuntime exactly as in a worker (decode, state load,
-activation, one encoded KeyState commit) via service.testing.AgentHarness; only the broker
+activation, one encoded KeyState commit) via keylane.testing.AgentHarness; only the broker
 round trips are absent.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from bench import names
 from bench.harness import Recorder, Result, Size, progress
-from service import (
+from keylane import (
     ActivationContext,
     AgentConfig,
     Complete,
@@ -24,10 +24,10 @@ from service import (
     match_any,
     respond_with,
 )
-from service.runtime.state import KeyState, MemoryBlob, MemoryEntry, encode_state
-from service.testing import AgentHarness
-from service.tools import ToolRegistry
-from service.wire import AgentEnvelope, encode
+from keylane.authoring.tools import ToolRegistry
+from keylane.core.state import KeyState, MemoryBlob, MemoryEntry, encode_state
+from keylane.testing import AgentHarness
+from keylane.wire import AgentEnvelope, encode
 
 COUNTS: dict[Size, dict[str, int]] = {
     "smoke": {

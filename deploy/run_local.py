@@ -23,7 +23,7 @@ sys.path.insert(0, str(HERE / "kafka"))
 
 import local_kafka  # noqa: E402  (a script beside this one, not an installed package)
 
-KEYLANE = [sys.executable, "-m", "service.cli"]
+KEYLANE = [sys.executable, "-m", "keylane.cli"]
 WORKER_STOP_TIMEOUT_S = 30
 READY_LINE = b"[^Worker]: Ready"  # Faust's log line once partitions are assigned and recovered
 

@@ -1,6 +1,6 @@
 """The smallest agent: every event's payload comes back on agent.output."""
 
-from service import ActivationContext, Complete
+from keylane import ActivationContext, Complete
 
 
 async def agent(ctx: ActivationContext) -> Complete:

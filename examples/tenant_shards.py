@@ -32,7 +32,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from service import (
+from keylane import (
     ActivationContext,
     AgentConfig,
     Complete,
@@ -42,11 +42,11 @@ from service import (
     match_any,
     respond_with,
 )
-from service.catalog import EVENTS, OUTPUT, load_catalog
-from service.config import Settings
-from service.topic_admin import admin_client, apply_catalog
-from service.topic_reader import read_to_end
-from service.wire import AgentEnvelope, encode
+from keylane.catalog import EVENTS, OUTPUT, load_catalog
+from keylane.config import Settings
+from keylane.kafka.topic_admin import admin_client, apply_catalog
+from keylane.kafka.topic_reader import read_to_end
+from keylane.wire import AgentEnvelope, encode
 
 SHARDS = {
     "shard_1": ["acme", "globex"],
@@ -162,7 +162,7 @@ class Shard:
         ready_before = self.log.read_text(errors="replace").count(READY) if self.log.exists() else 0
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "worker", "--agent", "examples.tenant_shards:run_step"],
+                [sys.executable, "-m", "keylane.cli", "worker", "--agent", "examples.tenant_shards:run_step"],
                 env=env,
                 cwd=REPO,
                 stdout=out,

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.catalog import Catalog, load_catalog
-from service.config import Settings
-from service.topic_admin import admin_client, apply_catalog
+from keylane.catalog import Catalog, load_catalog
+from keylane.config import Settings
+from keylane.kafka.topic_admin import admin_client, apply_catalog
 from tests.broker import Broker, NoBroker, acquire, in_ci
 from tests.processes import stop_leftovers
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from service.config import Settings
-from service.topic_reader import TopicRecord, read_to_end
+from keylane.config import Settings
+from keylane.kafka.topic_reader import TopicRecord, read_to_end
 
 
 async def consume(

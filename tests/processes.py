@@ -1,4 +1,4 @@
-"""Start keylane processes the way users do (`python -m service.cli ...`), for broker tests."""
+"""Start keylane processes the way users do (`python -m keylane.cli ...`), for broker tests."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from service.config import Settings
+from keylane.config import Settings
 from tests.broker import REPO
 
 READY = "[^Worker]: Ready"
@@ -22,7 +22,7 @@ class KeylaneProcess:
     """One `keylane worker` or `keylane effector` process with its log file."""
 
     def __init__(
-        self, args: list[str], env: dict[str, str], log_path: Path, *, module: str = "service.cli"
+        self, args: list[str], env: dict[str, str], log_path: Path, *, module: str = "keylane.cli"
     ) -> None:
         self.args = args
         self.module = module

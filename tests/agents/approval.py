@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 
-from service import (
+from keylane import (
     ActivationContext,
     AgentConfig,
     Complete,

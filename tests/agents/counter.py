@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from service import (
+from keylane import (
     ActivationContext,
     AgentConfig,
     Complete,

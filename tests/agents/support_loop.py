@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service import ActivationContext, AgentConfig, Complete, Suspend, ToolLoop, tool
+from keylane import ActivationContext, AgentConfig, Complete, Suspend, ToolLoop, tool
 from tests.agents.flow import append_ledger
 
 

@@ -30,12 +30,12 @@ from typing import IO, Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from service.catalog import ERRORS, EVENTS, EVENTS_SHARDED, INTENTS, OUTPUT, RESULTS, Catalog
-from service.config import Settings
-from service.keys import shard_key
-from service.topic_admin import admin_client
-from service.topic_reader import TopicRecord, partition_ids, read_to_end
-from service.wire import AgentEnvelope, ErrorRecord, MalformedRecord, ToolIntent, decode
+from keylane.catalog import ERRORS, EVENTS, EVENTS_SHARDED, INTENTS, OUTPUT, RESULTS, Catalog
+from keylane.config import Settings
+from keylane.kafka.topic_admin import admin_client
+from keylane.kafka.topic_reader import TopicRecord, partition_ids, read_to_end
+from keylane.keys import shard_key
+from keylane.wire import AgentEnvelope, ErrorRecord, MalformedRecord, ToolIntent, decode
 from tests.processes import KeylaneProcess
 
 VICTIMS = ("worker-a", "worker-b", "effector")
@@ -106,7 +106,7 @@ class Plan:
             key = rng.choice(names)
             event_id = f"{key}-e{per_key[key]}"
             per_key[key] += 1
-            # The envelope as any producer writes it (service/wire.py AgentEnvelope).
+            # The envelope as any producer writes it (service/keylane/wire.py AgentEnvelope).
             value = json.dumps({"v": 1, "payload": event_id}, separators=(",", ":")).encode()
             physical = key if shards is None else shard_key(key.encode(), shards, payload=value).decode()
             stream.append(Event(key, event_id, value, physical))

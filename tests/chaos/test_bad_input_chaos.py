@@ -51,14 +51,14 @@ import msgspec
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from service.catalog import APPROVALS, ERRORS, EVENTS, INTENTS, RESULTS, Catalog
-from service.config import Settings
-from service.records import ID_HEADER, RAW_PREFIX_BYTES, origin_of
-from service.runtime import ids
-from service.runtime.faust_glue import expected_partition
-from service.signing import Keyring
-from service.topic_reader import TopicRecord, read_to_end
-from service.wire import Approval, ErrorRecord, MalformedRecord, RawDigest, ToolIntent, ToolResult, decode
+from keylane import ids
+from keylane.catalog import APPROVALS, ERRORS, EVENTS, INTENTS, RESULTS, Catalog
+from keylane.config import Settings
+from keylane.kafka.faust_glue import expected_partition
+from keylane.kafka.topic_reader import TopicRecord, read_to_end
+from keylane.records import ID_HEADER, RAW_PREFIX_BYTES, origin_of
+from keylane.signing import Keyring
+from keylane.wire import Approval, ErrorRecord, MalformedRecord, RawDigest, ToolIntent, ToolResult, decode
 from tests.agents.counter import TOOL
 from tests.chaos.harness import (
     VARIANTS,
@@ -271,7 +271,7 @@ def _bad_records(seed: int, signatures: str, rng: random.Random) -> list[Bad]:
     big = _envelope(payload="big-" + "x" * (OVERSIZE_EVENT_BYTES - 40))
     junk = b"\x00not json\xff" + rng.randbytes(OVERSIZE_MALFORMED_BYTES - 10)
     records = [
-        # agent.events, read by the worker: KeyRuntime.handle / _parse, service/wire.py decode
+        # agent.events, read by the worker: KeyRuntime.handle / _parse, service/keylane/wire.py decode
         f.malformed(
             "event-malformed-json", EVENTS, b'{"v":1,"payload":"unterminated', "not a valid AgentEnvelope"
         ),
@@ -341,7 +341,7 @@ def _bad_records(seed: int, signatures: str, rng: random.Random) -> list[Bad]:
             f.non_ascii_signature(f.approval("approval-non-ascii-signature")),
             "bad_signature",
         ),
-        # agent.intents, read by the effector: service/effector/handler.py
+        # agent.intents, read by the effector: service/keylane/stages/effector/handler.py
         f.malformed("intent-malformed", INTENTS, b"{not an intent}", "not a valid ToolIntent"),
         f.malformed(
             "intent-other-entity-key",
@@ -405,7 +405,7 @@ class Letter:
 
 
 def signature_env(mode: str) -> dict[str, str]:
-    """The processes' signature settings for CHAOS_SIGNATURES (service/config.py)."""
+    """The processes' signature settings for CHAOS_SIGNATURES (service/keylane/config.py)."""
     assert mode in ("require", "off"), f"CHAOS_SIGNATURES must be require or off, not {mode!r}"
     modes = {f"KEYLANE_{kind}_SIGNATURES": mode for kind in ("INTENT", "APPROVAL", "RESULT")}
     return {"KEYLANE_SIGNING_KEYS": SIGNING_KEYS if mode == "require" else "", **modes}

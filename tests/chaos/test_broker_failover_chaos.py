@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from service.catalog import EVENTS, Catalog, load_catalog
-from service.config import Settings
-from service.topic_admin import admin_client, apply_catalog
+from keylane.catalog import EVENTS, Catalog, load_catalog
+from keylane.config import Settings
+from keylane.kafka.topic_admin import admin_client, apply_catalog
 from tests.broker import local_kafka
 from tests.chaos.harness import (
     VARIANTS,

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from service.catalog import EVENTS, Catalog
-from service.config import Settings
+from keylane.catalog import EVENTS, Catalog
+from keylane.config import Settings
 from tests.chaos.harness import (
     PacedKcat,
     Plan,

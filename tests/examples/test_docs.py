@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cli import build_parser
+from keylane.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

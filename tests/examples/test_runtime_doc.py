@@ -6,8 +6,8 @@ import re
 from pathlib import Path
 from types import ModuleType
 
-from service.testing import AgentHarness
-from service.tools import default_registry
+from keylane.authoring.tools import default_registry
+from keylane.testing import AgentHarness
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "runtime.md"
 

@@ -14,8 +14,8 @@ from types import ModuleType
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from service.catalog import EVENTS, OUTPUT, Catalog
-from service.config import Settings
+from keylane.catalog import EVENTS, OUTPUT, Catalog
+from keylane.config import Settings
 from tests.kafka_io import consume
 from tests.processes import KeylaneProcess, process_env, running
 

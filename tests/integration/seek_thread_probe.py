@@ -13,7 +13,7 @@ from typing import Any
 
 from aiokafka.consumer.fetcher import Fetcher
 
-from service.cli import main
+from keylane.cli import main
 
 _LOG = os.environ["SEEK_PROBE_LOG"]
 _seek_to = Fetcher.seek_to

@@ -9,9 +9,9 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from service.catalog import OUTPUT, Catalog
-from service.config import Settings
-from service.topic_reader import read_to_end
+from keylane.catalog import OUTPUT, Catalog
+from keylane.config import Settings
+from keylane.kafka.topic_reader import read_to_end
 
 
 def tool_runs(ledger: Path) -> int:

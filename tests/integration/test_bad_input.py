@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from service.catalog import APPROVALS, ERRORS, EVENTS, INTENTS, OUTPUT, RESULTS, Catalog
-from service.config import Settings
-from service.topic_reader import read_to_end
-from service.wire import AgentEnvelope, Approval, ErrorRecord, ToolResult, decode, encode
+from keylane.catalog import APPROVALS, ERRORS, EVENTS, INTENTS, OUTPUT, RESULTS, Catalog
+from keylane.config import Settings
+from keylane.kafka.topic_reader import read_to_end
+from keylane.wire import AgentEnvelope, Approval, ErrorRecord, ToolResult, decode, encode
 from tests.integration.test_worker import free_port, http_get
 from tests.kafka_io import produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from service import ActivationContext, AgentConfig, Complete, Suspend
-from service.catalog import APPROVAL_REQUESTS, APPROVALS, ERRORS, EVENTS, OUTPUT, Catalog
-from service.config import Settings
-from service.wire import AgentEnvelope, Approval, ApprovalRequest, ErrorRecord, decode, encode
+from keylane import ActivationContext, AgentConfig, Complete, Suspend
+from keylane.catalog import APPROVAL_REQUESTS, APPROVALS, ERRORS, EVENTS, OUTPUT, Catalog
+from keylane.config import Settings
+from keylane.wire import AgentEnvelope, Approval, ApprovalRequest, ErrorRecord, decode, encode
 from tests.kafka_io import produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
 

@@ -10,10 +10,10 @@ import pytest
 from aiokafka.admin import NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from service.app import build_app, max_request_bytes
-from service.catalog import EVENTS, Catalog
-from service.config import Settings
-from service.topic_admin import admin_client, wait_until_every_broker_knows
+from keylane.catalog import EVENTS, Catalog
+from keylane.config import Settings
+from keylane.kafka.app import build_app, max_request_bytes
+from keylane.kafka.topic_admin import admin_client, wait_until_every_broker_knows
 
 pytestmark = pytest.mark.kafka
 

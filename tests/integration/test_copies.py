@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from service.catalog import ERRORS, EVENTS, EVENTS_SHARDED, OUTPUT, RESULTS, Catalog
-from service.config import Settings
-from service.runtime.faust_glue import expected_partition
-from service.topic_reader import read_to_end
-from service.wire import AgentEnvelope, encode
+from keylane.catalog import ERRORS, EVENTS, EVENTS_SHARDED, OUTPUT, RESULTS, Catalog
+from keylane.config import Settings
+from keylane.kafka.faust_glue import expected_partition
+from keylane.kafka.topic_reader import read_to_end
+from keylane.wire import AgentEnvelope, encode
 from tests.integration.stream_checks import tool_runs
 from tests.integration.test_redelivery import by_id, metric, rewind_group
 from tests.integration.test_worker import free_port

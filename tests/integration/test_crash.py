@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from service.catalog import EVENTS, Catalog
-from service.config import Settings
-from service.wire import AgentEnvelope, encode
+from keylane.catalog import EVENTS, Catalog
+from keylane.config import Settings
+from keylane.wire import AgentEnvelope, encode
 from tests.integration.stream_checks import (
     assert_exactly_once_in_effect,
     outputs_by_id,

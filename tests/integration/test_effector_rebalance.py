@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from service import tool
-from service.catalog import INTENTS, RESULTS, Catalog
-from service.config import Settings
-from service.runtime.faust_glue import expected_partition
-from service.topic_reader import read_to_end
-from service.wire import ToolIntent, ToolResult, decode, encode
+from keylane import tool
+from keylane.catalog import INTENTS, RESULTS, Catalog
+from keylane.config import Settings
+from keylane.kafka.faust_glue import expected_partition
+from keylane.kafka.topic_reader import read_to_end
+from keylane.wire import ToolIntent, ToolResult, decode, encode
 from tests.agents.flow import append_ledger
 from tests.integration.stream_checks import tool_runs, wait_until
 from tests.kafka_io import produce

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from service.catalog import INTENTS, RESULTS, Catalog
-from service.config import Settings
-from service.records import ORIGIN_HEADER
-from service.runtime import ids
-from service.runtime.faust_glue import expected_partition
-from service.topic_reader import read_to_end
-from service.wire import ToolIntent, ToolResult, decode, encode
+from keylane import ids
+from keylane.catalog import INTENTS, RESULTS, Catalog
+from keylane.config import Settings
+from keylane.kafka.faust_glue import expected_partition
+from keylane.kafka.topic_reader import read_to_end
+from keylane.records import ORIGIN_HEADER
+from keylane.wire import ToolIntent, ToolResult, decode, encode
 from tests.kafka_io import wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from service.catalog import APPROVAL_REQUESTS, APPROVALS, ERRORS, EVENTS, OUTPUT, Catalog
-from service.config import Settings
-from service.topic_reader import TopicRecord, read_to_end
-from service.wire import AgentEnvelope, Approval, ApprovalRequest, ErrorRecord, decode, encode
+from keylane.catalog import APPROVAL_REQUESTS, APPROVALS, ERRORS, EVENTS, OUTPUT, Catalog
+from keylane.config import Settings
+from keylane.kafka.topic_reader import TopicRecord, read_to_end
+from keylane.wire import AgentEnvelope, Approval, ApprovalRequest, ErrorRecord, decode, encode
 from tests.broker import REPO
 from tests.kafka_io import kcat_produce, produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
@@ -24,7 +24,7 @@ AGENT = ["worker", "--agent", "tests.agents.approval:ask_first"]
 
 def keylane(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
+        [sys.executable, "-m", "keylane.cli", *args],
         env=process_env(settings, **env),
         cwd=REPO,
         capture_output=True,

@@ -14,10 +14,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from service.app import build_app
-from service.catalog import EVENTS, load_catalog
-from service.config import Settings
-from service.topic_admin import admin_client, apply_catalog
+from keylane.catalog import EVENTS, load_catalog
+from keylane.config import Settings
+from keylane.kafka.app import build_app
+from keylane.kafka.topic_admin import admin_client, apply_catalog
 from tests.broker import local_kafka
 
 pytestmark = pytest.mark.kafka

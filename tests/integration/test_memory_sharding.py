@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from service.catalog import EVENTS, OUTPUT, Catalog
-from service.config import Settings
-from service.keys import shard_index
-from service.wire import AgentEnvelope, encode
+from keylane.catalog import EVENTS, OUTPUT, Catalog
+from keylane.config import Settings
+from keylane.keys import shard_index
+from keylane.wire import AgentEnvelope, encode
 from tests.kafka_io import produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
 

@@ -15,13 +15,13 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from service import ActivationContext, AgentConfig, Complete
-from service.catalog import ERRORS, EVENTS, OUTPUT, Catalog
-from service.config import Settings
-from service.runtime.faust_glue import expected_partition
-from service.runtime.processor import STATE_TABLE
-from service.topic_admin import admin_client
-from service.wire import AgentEnvelope, ErrorRecord, decode, encode
+from keylane import ActivationContext, AgentConfig, Complete
+from keylane.catalog import ERRORS, EVENTS, OUTPUT, Catalog
+from keylane.config import Settings
+from keylane.kafka.faust_glue import expected_partition
+from keylane.kafka.topic_admin import admin_client
+from keylane.stages.agent import STATE_TABLE
+from keylane.wire import AgentEnvelope, ErrorRecord, decode, encode
 from tests.kafka_io import produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
 

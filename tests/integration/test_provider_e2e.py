@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from service.catalog import EVENTS, OUTPUT, RESULTS, Catalog
-from service.config import Settings
-from service.wire import AgentEnvelope, encode
+from keylane.catalog import EVENTS, OUTPUT, RESULTS, Catalog
+from keylane.config import Settings
+from keylane.wire import AgentEnvelope, encode
 from tests.integration.test_redelivery import metric, rewind_group
 from tests.integration.test_worker import free_port
 from tests.kafka_io import produce, wait_for_records

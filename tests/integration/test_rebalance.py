@@ -1,7 +1,7 @@
 """Scale 1 -> 2 -> 1 workers while a stream with suspensions flows: the end state is the
 same as without any rebalance (one output per event, exact memory, each intent run once).
 
-This lost 1-3 of 96 events before the offset ledger (service/runtime/offsets.py): a record
+This lost 1-3 of 96 events before the offset ledger (service/keylane/core/offsets.py): a record
 fetched before a rebalance was dropped from Faust's buffers, the partition (with nothing
 committed yet) was not sought back, and Faust committed past it."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from service.catalog import EVENTS, Catalog
-from service.config import Settings
-from service.wire import AgentEnvelope, encode
+from keylane.catalog import EVENTS, Catalog
+from keylane.config import Settings
+from keylane.wire import AgentEnvelope, encode
 from tests.integration.stream_checks import (
     assert_exactly_once_in_effect,
     outputs_by_id,

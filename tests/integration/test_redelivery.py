@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from service.catalog import ERRORS, EVENTS, INTENTS, OUTPUT, RESULTS, Catalog
-from service.config import Settings
-from service.topic_reader import TopicRecord, partition_ids, read_to_end
-from service.wire import AgentEnvelope, ErrorRecord, decode, encode
+from keylane.catalog import ERRORS, EVENTS, INTENTS, OUTPUT, RESULTS, Catalog
+from keylane.config import Settings
+from keylane.kafka.topic_reader import TopicRecord, partition_ids, read_to_end
+from keylane.wire import AgentEnvelope, ErrorRecord, decode, encode
 from tests.integration.test_worker import free_port, http_get
 from tests.kafka_io import produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from service.catalog import EVENTS, OUTPUT, Catalog
-from service.config import Settings
-from service.runtime.faust_glue import expected_partition
-from service.topic_reader import read_to_end
-from service.wire import AgentEnvelope, encode
+from keylane.catalog import EVENTS, OUTPUT, Catalog
+from keylane.config import Settings
+from keylane.kafka.faust_glue import expected_partition
+from keylane.kafka.topic_reader import read_to_end
+from keylane.wire import AgentEnvelope, encode
 from tests.chaos.harness import committed_lags
 from tests.integration.test_redelivery import by_id, metric
 from tests.integration.test_worker import free_port

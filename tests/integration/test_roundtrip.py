@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from service.catalog import EVENTS, Catalog
-from service.config import Settings
+from keylane.catalog import EVENTS, Catalog
+from keylane.config import Settings
 from tests.kafka_io import consume, kcat_produce
 
 pytestmark = pytest.mark.kafka

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from service.catalog import EVENTS, EVENTS_SHARDED, INTENTS, OUTPUT, RESULTS, Catalog
-from service.config import Settings
-from service.keys import shard_key, unshard_key
-from service.topic_reader import read_to_end
-from service.wire import AgentEnvelope, ToolIntent, ToolResult, decode, encode
+from keylane.catalog import EVENTS, EVENTS_SHARDED, INTENTS, OUTPUT, RESULTS, Catalog
+from keylane.config import Settings
+from keylane.kafka.topic_reader import read_to_end
+from keylane.keys import shard_key, unshard_key
+from keylane.wire import AgentEnvelope, ToolIntent, ToolResult, decode, encode
 from tests.kafka_io import produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
 

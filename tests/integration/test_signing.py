@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from service.catalog import APPROVAL_REQUESTS, APPROVALS, ERRORS, EVENTS, INTENTS, OUTPUT, Catalog
-from service.config import Settings
-from service.signing import Keyring
-from service.wire import AgentEnvelope, Approval, ApprovalRequest, ErrorRecord, ToolIntent, decode, encode
+from keylane.catalog import APPROVAL_REQUESTS, APPROVALS, ERRORS, EVENTS, INTENTS, OUTPUT, Catalog
+from keylane.config import Settings
+from keylane.signing import Keyring
+from keylane.wire import AgentEnvelope, Approval, ApprovalRequest, ErrorRecord, ToolIntent, decode, encode
 from tests.broker import REPO
 from tests.kafka_io import kcat_produce, produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
@@ -99,7 +99,7 @@ async def test_under_require_only_signed_approvals_resume(
             [
                 sys.executable,
                 "-m",
-                "service.cli",
+                "keylane.cli",
                 "approve",
                 "--key",
                 "acct-9",

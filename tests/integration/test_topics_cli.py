@@ -9,9 +9,9 @@ import sys
 import pytest
 from aiokafka.admin import NewTopic
 
-from service.catalog import EVENTS, LOGICAL_NAMES, RESULTS, load_catalog
-from service.config import Settings
-from service.topic_admin import admin_client
+from keylane.catalog import EVENTS, LOGICAL_NAMES, RESULTS, load_catalog
+from keylane.config import Settings
+from keylane.kafka.topic_admin import admin_client
 
 pytestmark = pytest.mark.kafka
 
@@ -24,7 +24,7 @@ def keylane(settings: Settings, *args: str, **extra_env: str) -> subprocess.Comp
         **extra_env,
     }
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
+        [sys.executable, "-m", "keylane.cli", *args],
         capture_output=True,
         text=True,
         env=env,

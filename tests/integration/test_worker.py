@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from service.catalog import EVENTS, OUTPUT, Catalog
-from service.config import Settings
+from keylane.catalog import EVENTS, OUTPUT, Catalog
+from keylane.config import Settings
 from tests.kafka_io import consume, kcat_produce
 
 pytestmark = pytest.mark.kafka
@@ -55,7 +55,7 @@ def worker(
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "worker", "--agent", "examples.echo:agent"],
+            [sys.executable, "-m", "keylane.cli", "worker", "--agent", "examples.echo:agent"],
             env=worker_env(settings, metrics_port),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -100,7 +100,7 @@ async def test_worker_serves_prometheus_metrics(
 
 def test_worker_refuses_to_start_without_topics(settings: Settings) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "service.cli", "worker", "--agent", "examples.echo:agent"],
+        [sys.executable, "-m", "keylane.cli", "worker", "--agent", "examples.echo:agent"],
         env=worker_env(settings),
         capture_output=True,
         text=True,

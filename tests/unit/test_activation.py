@@ -8,14 +8,14 @@ from collections.abc import Callable
 
 import pytest
 
-from service.catalog import EVENTS, INTENTS, OUTPUT
-from service.llm import FakeLLM, LlmRequest, match_any, respond_with
-from service.runtime import ids
-from service.runtime.api import AgentConfig, Complete, Suspend
-from service.runtime.context import ActivationContext
-from service.runtime.state import encode_state
-from service.testing import AgentHarness, ManualClock
-from service.tools import SideEffectOutsideIntent, ToolRegistry, tool
+from keylane import ids
+from keylane.authoring.api import AgentConfig, Complete, Suspend
+from keylane.authoring.context import ActivationContext
+from keylane.authoring.tools import SideEffectOutsideIntent, ToolRegistry, tool
+from keylane.catalog import EVENTS, INTENTS, OUTPUT
+from keylane.core.state import encode_state
+from keylane.llm import FakeLLM, LlmRequest, match_any, respond_with
+from keylane.testing import AgentHarness, ManualClock
 
 KEY = b"customer-1"
 REQUEST = LlmRequest(model_id="fake-1", messages=[{"role": "user", "content": "hi"}])

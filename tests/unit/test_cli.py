@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from service.cli import build_parser, main
+from keylane.cli import build_parser, main
 
 SUBCOMMANDS = [
     [],
@@ -25,7 +25,7 @@ SUBCOMMANDS = [
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
+        [sys.executable, "-m", "keylane.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from aiokafka.errors import NodeNotReadyError
 
-from service.app import build_app, changelog_record_limit
-from service.catalog import ERRORS, EVENTS, LOGICAL_NAMES, Catalog, load_catalog
-from service.config import Settings
-from service.errors import ConfigError
-from service.topic_admin import inspect_catalog
+from keylane.catalog import ERRORS, EVENTS, LOGICAL_NAMES, Catalog, load_catalog
+from keylane.config import Settings
+from keylane.errors import ConfigError
+from keylane.kafka.app import build_app, changelog_record_limit
+from keylane.kafka.topic_admin import inspect_catalog
 from tests.broker import local_kafka
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from service.cli import build_parser
+from keylane.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 

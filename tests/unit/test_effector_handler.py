@@ -1,4 +1,4 @@
-"""The effector's per-intent decisions (service/effector/handler.py), with a manual clock, a
+"""The effector's per-intent decisions (service/keylane/stages/effector/handler.py), with a manual clock, a
 dict-backed claim store and an in-memory Kafka side: routing, expiry, in-doubt intents,
 signed results, dead letters, and the order in which an answer reaches the producer."""
 
@@ -13,14 +13,14 @@ import msgspec
 import pytest
 from prometheus_client import REGISTRY
 
-from service.effector.claims import ClaimRecord, ClaimStore
-from service.effector.handler import LEASE_MARGIN_MS, Headers, IntentHandler
-from service.records import ORIGIN_HEADER, Emit
-from service.runtime.faust_glue import expected_partition
-from service.signing import Keyring
-from service.testing import ManualClock
-from service.tools import ToolRegistry
-from service.wire import ErrorRecord, ToolIntent, ToolResult, decode, encode
+from keylane.authoring.tools import ToolRegistry
+from keylane.kafka.faust_glue import expected_partition
+from keylane.records import ORIGIN_HEADER, Emit
+from keylane.signing import Keyring
+from keylane.stages.effector.claims import ClaimRecord, ClaimStore
+from keylane.stages.effector.handler import LEASE_MARGIN_MS, Headers, IntentHandler
+from keylane.testing import ManualClock
+from keylane.wire import ErrorRecord, ToolIntent, ToolResult, decode, encode
 
 PARTITIONS = 6
 TOPIC = "agent.intents"

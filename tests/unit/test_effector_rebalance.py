@@ -12,16 +12,16 @@ from typing import Any
 
 import msgspec
 
-from service.app import build_app
-from service.catalog import INTENTS, load_catalog
-from service.config import Settings
-from service.effector.claims import ClaimRecord, ClaimStore, Done
-from service.effector.handler import IntentHandler, revocation_grace_s
-from service.effector.service import Effector, EffectorLanes
-from service.runtime.faust_glue import REBALANCE_GRACE_S
-from service.runtime.lanes import LaneRecord
-from service.tools import ToolRegistry
-from service.wire import ToolIntent, ToolResult, decode, encode
+from keylane.authoring.tools import ToolRegistry
+from keylane.catalog import INTENTS, load_catalog
+from keylane.config import Settings
+from keylane.core.lanes import LaneRecord
+from keylane.kafka.app import build_app
+from keylane.kafka.faust_glue import REBALANCE_GRACE_S
+from keylane.stages.effector.claims import ClaimRecord, ClaimStore, Done
+from keylane.stages.effector.handler import IntentHandler, revocation_grace_s
+from keylane.stages.effector.service import Effector, EffectorLanes
+from keylane.wire import ToolIntent, ToolResult, decode, encode
 from tests.unit.test_effector_handler import HOME, KEY, PARTITIONS, TOPIC, FakeIO, Message
 
 DEFAULT_TIMEOUT_S = 60.0

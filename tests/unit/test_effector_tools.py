@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from service.tools import ToolRegistry, tool
+from keylane.authoring.tools import ToolRegistry, tool
 
 
 def test_only_a_function_with_an_intent_id_parameter_gets_the_intent_id() -> None:

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from service.effector.claims import Claimed, ClaimStore, Done, InDoubt, InFlight
-from service.effector.execute import execute
-from service.llm import (
+from keylane.authoring.api import AgentConfig, Complete
+from keylane.authoring.context import ActivationContext
+from keylane.authoring.tools import ToolRegistry, UnknownTool, default_registry, tool
+from keylane.llm import (
     FakeLLM,
     LlmRequest,
     fail_then_succeed,
@@ -21,12 +22,11 @@ from service.llm import (
     raise_error,
     respond_with,
 )
-from service.llm.fake import ScriptedFailure, UnmatchedRequest
-from service.runtime.api import AgentConfig, Complete
-from service.runtime.context import ActivationContext
-from service.testing import AgentHarness, ManualClock
-from service.tools import ToolRegistry, UnknownTool, default_registry, tool
-from service.wire import ToolIntent
+from keylane.llm.fake import ScriptedFailure, UnmatchedRequest
+from keylane.stages.effector.claims import Claimed, ClaimStore, Done, InDoubt, InFlight
+from keylane.stages.effector.execute import execute
+from keylane.testing import AgentHarness, ManualClock
+from keylane.wire import ToolIntent
 
 
 def ask(text: str, *, model: str = "fake-1", tools_schema: Any = None) -> LlmRequest:

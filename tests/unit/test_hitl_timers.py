@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from service.catalog import TIMERS
-from service.runtime import ids
-from service.runtime.activation import Decision
-from service.runtime.api import AgentConfig, Complete, Suspend
-from service.runtime.context import ActivationContext
-from service.runtime.hitl import Deny, Drop, Escalate, FallbackContext, HitlPolicy, TimeoutDecision
-from service.runtime.state import ArmedTimer, Continuation, KeyState
-from service.runtime.timers import HITL, RESEND_AFTER_MS, TTL, TimerIndex, arm, timer_token
-from service.testing import AgentHarness, ManualClock
-from service.wire import Approval, ErrorRecord, TimerFired, TimerKind, decode, encode
+from keylane import ids
+from keylane.authoring.api import AgentConfig, Complete, Suspend
+from keylane.authoring.context import ActivationContext
+from keylane.authoring.hitl import Deny, Drop, Escalate, FallbackContext, HitlPolicy, TimeoutDecision
+from keylane.catalog import TIMERS
+from keylane.core.activation import Decision
+from keylane.core.state import ArmedTimer, Continuation, KeyState
+from keylane.core.timers import HITL, RESEND_AFTER_MS, TTL, TimerIndex, arm, timer_token
+from keylane.testing import AgentHarness, ManualClock
+from keylane.wire import Approval, ErrorRecord, TimerFired, TimerKind, decode, encode
 
 KEY = b"claim-42"
 MINUTE = 60 * 1000
@@ -1170,7 +1170,7 @@ def test_a_sent_fire_is_sent_again_while_the_state_still_holds_its_token() -> No
 def test_the_timer_index_grows_with_keys_not_with_commits() -> None:
     """Every commit re-arms the TTL; 200 commits per key over 100 keys must not leave 20,000
     heap entries behind (it grew by one entry per commit)."""
-    from service.runtime.timers import COMPACT_FACTOR, COMPACT_SLACK
+    from keylane.core.timers import COMPACT_FACTOR, COMPACT_SLACK
 
     index = TimerIndex()
     for commit in range(200):

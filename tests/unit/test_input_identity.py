@@ -12,15 +12,15 @@ from types import SimpleNamespace
 
 import msgspec
 
-from service import metrics
-from service.catalog import EVENTS, EVENTS_SHARDED, OUTPUT
-from service.records import ORIGIN_HEADER, InputRecord, origin_header, origin_of
-from service.runtime.api import AgentConfig, Complete, Suspend
-from service.runtime.context import ActivationContext
-from service.runtime.state import SETTLED_INTENTS_KEPT, encode_state
-from service.signing import Keyring
-from service.testing import AgentHarness, ManualClock
-from service.wire import AgentEnvelope, Approval, ToolResult, encode
+from keylane import metrics
+from keylane.authoring.api import AgentConfig, Complete, Suspend
+from keylane.authoring.context import ActivationContext
+from keylane.catalog import EVENTS, EVENTS_SHARDED, OUTPUT
+from keylane.core.state import SETTLED_INTENTS_KEPT, encode_state
+from keylane.records import ORIGIN_HEADER, InputRecord, origin_header, origin_of
+from keylane.signing import Keyring
+from keylane.testing import AgentHarness, ManualClock
+from keylane.wire import AgentEnvelope, Approval, ToolResult, encode
 
 KEY = b"cust-7"
 

@@ -6,9 +6,9 @@ import hashlib
 
 import pytest
 
-from service.keys import ShardAssigner, shard_index, shard_key, unshard_key
-from service.shard_keys import ShardKeys
-from service.wire import AgentEnvelope, MalformedRecord, decode, encode
+from keylane.keys import ShardAssigner, shard_index, shard_key, unshard_key
+from keylane.stages.shard_keys import ShardKeys
+from keylane.wire import AgentEnvelope, MalformedRecord, decode, encode
 
 
 def expected_index(payload: bytes, n: int) -> int:

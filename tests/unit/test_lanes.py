@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.runtime import lanes as lanes_module
-from service.runtime.lanes import KeyLanes, LaneRecord, PartitionLanes, WindowHooks
+from keylane.core import lanes as lanes_module
+from keylane.core.lanes import KeyLanes, LaneRecord, PartitionLanes, WindowHooks
 
 TOPIC = "agent.events"
 

@@ -8,10 +8,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from service.llm.replay_cache import MAX_BYTES, MAX_ENTRIES, TTL_MS, ReplayCache
-from service.llm.types import LlmRequest, LlmResponse, cache_key
-from service.runtime.memory import Memory, MemoryOverflow
-from service.runtime.state import MemoryBlob, MemoryEntry
+from keylane.authoring.memory import Memory, MemoryOverflow
+from keylane.core.replay_cache import MAX_BYTES, MAX_ENTRIES, TTL_MS, ReplayCache
+from keylane.core.state import MemoryBlob, MemoryEntry
+from keylane.llm.types import LlmRequest, LlmResponse, cache_key
 
 NOW = 1_700_000_000_000
 

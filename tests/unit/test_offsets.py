@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.runtime.offsets import Admission, OffsetLedger
+from keylane.core.offsets import Admission, OffsetLedger
 
 TP = ("agent.events", 3)
 
@@ -103,7 +103,7 @@ def test_faust_s_fetch_loop_sees_no_read_offset_on_governed_topics() -> None:
 
     from faust.types import TP
 
-    from service.runtime.faust_glue import OffsetGuard, _UnfilteredReadOffsets
+    from keylane.kafka.faust_glue import OffsetGuard, _UnfilteredReadOffsets
 
     guard = OffsetGuard(SimpleNamespace())
     guard.topics.add("t.agent.results")

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from service.runtime import faust_glue
-from service.runtime.faust_glue import POISON_ATTEMPTS, _handle_or_dead_letter
+from keylane.kafka import faust_glue
+from keylane.kafka.faust_glue import POISON_ATTEMPTS, _handle_or_dead_letter
 
 
 def an_event() -> Any:

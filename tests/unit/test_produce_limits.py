@@ -1,6 +1,6 @@
 """Size limits and produce failures without a broker: the producer takes what the catalog
 allows, a record too large for its topic becomes a dead letter that fits, and a record Kafka
-refused stops its unit of work and the worker (service/runtime/delivery.py)."""
+refused stops its unit of work and the worker (service/keylane/kafka/delivery.py)."""
 
 from __future__ import annotations
 
@@ -15,19 +15,10 @@ from typing import Any
 import faust
 import pytest
 
-from service.app import build_app
-from service.catalog import ERRORS, EVENTS, INTENTS, OUTPUT, Catalog, load_catalog
-from service.config import Settings
-from service.records import (
-    RAW_PREFIX_BYTES,
-    RECORD_TOO_LARGE,
-    Emit,
-    InputRecord,
-    error_emit,
-    position_of,
-    too_large_emit,
-)
-from service.runtime.delivery import (
+from keylane.catalog import ERRORS, EVENTS, INTENTS, OUTPUT, Catalog, load_catalog
+from keylane.config import Settings
+from keylane.kafka.app import build_app
+from keylane.kafka.delivery import (
     ProduceFailed,
     RecordTooLarge,
     confirm_handed_off,
@@ -36,9 +27,18 @@ from service.runtime.delivery import (
     record_size,
     track_changelog,
 )
-from service.runtime.faust_glue import event_context
-from service.runtime.processor import Publisher, raw_topic
-from service.wire import ErrorRecord, decode
+from keylane.kafka.faust_glue import event_context
+from keylane.records import (
+    RAW_PREFIX_BYTES,
+    RECORD_TOO_LARGE,
+    Emit,
+    InputRecord,
+    error_emit,
+    position_of,
+    too_large_emit,
+)
+from keylane.stages.agent import Publisher, raw_topic
+from keylane.wire import ErrorRecord, decode
 
 OLD_FAUST_DEFAULT = 1_000_000
 
@@ -232,7 +232,7 @@ async def test_a_refused_record_fails_its_unit_of_work_and_crashes_the_app_once(
 
     job = asyncio.ensure_future(work())
     await asyncio.sleep(0)
-    with caplog.at_level(logging.DEBUG, logger="service.runtime.delivery"):
+    with caplog.at_level(logging.DEBUG, logger="keylane.kafka.delivery"):
         first.set_exception(RuntimeError("MESSAGE_TOO_LARGE"))
         second.set_exception(RuntimeError("MESSAGE_TOO_LARGE"))
         with pytest.raises(ProduceFailed, match=r"an agent\.output record was not produced"):

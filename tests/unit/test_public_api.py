@@ -1,9 +1,9 @@
-"""The public API is exactly what service/__init__.py re-exports: adding or removing a name
+"""The public API is exactly what service/keylane/__init__.py re-exports: adding or removing a name
 is a decision, so this list changes with it."""
 
 from __future__ import annotations
 
-import service
+import keylane
 
 PUBLIC = [
     "ActivationContext",
@@ -47,10 +47,10 @@ PUBLIC = [
 
 
 def test_public_names_are_frozen() -> None:
-    assert sorted(service.__all__) == PUBLIC
+    assert sorted(keylane.__all__) == PUBLIC
 
 
 def test_every_public_name_exists_and_is_documented() -> None:
-    for name in service.__all__:
-        value = getattr(service, name)
+    for name in keylane.__all__:
+        value = getattr(keylane, name)
         assert (value.__doc__ or "").strip(), f"{name} has no docstring"

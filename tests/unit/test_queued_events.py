@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from service.catalog import EVENTS, OUTPUT
-from service.records import InputRecord
-from service.runtime import ids
-from service.runtime.activation import KeyRuntime
-from service.runtime.api import AgentConfig, Complete, Suspend
-from service.runtime.context import ActivationContext
-from service.runtime.state import KeyState, decode_state, encode_state
-from service.testing import AgentHarness, ManualClock
-from service.wire import AgentEnvelope, Approval, ErrorRecord, decode, encode
+from keylane import ids
+from keylane.authoring.api import AgentConfig, Complete, Suspend
+from keylane.authoring.context import ActivationContext
+from keylane.catalog import EVENTS, OUTPUT
+from keylane.core.activation import KeyRuntime
+from keylane.core.state import KeyState, decode_state, encode_state
+from keylane.records import InputRecord
+from keylane.testing import AgentHarness, ManualClock
+from keylane.wire import AgentEnvelope, Approval, ErrorRecord, decode, encode
 
 KEY = b"ticket-3"
 

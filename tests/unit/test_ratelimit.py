@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from service.runtime.ratelimit import ProviderLimiter, RateLimit, TokenBucket
+from keylane.authoring.ratelimit import ProviderLimiter, RateLimit, TokenBucket
 
 
 async def test_a_bucket_allows_its_burst_then_paces_at_its_rate() -> None:

@@ -6,13 +6,13 @@ checked to change nothing and to be labelled as an orphan, not as an agent error
 
 from __future__ import annotations
 
-from service.catalog import ERRORS
-from service.records import Emit
-from service.runtime.activation import Decision
-from service.runtime.api import AgentConfig, Complete, Suspend
-from service.runtime.context import ActivationContext
-from service.testing import AgentHarness, ManualClock
-from service.wire import Approval, ErrorRecord, ToolResult, decode
+from keylane.authoring.api import AgentConfig, Complete, Suspend
+from keylane.authoring.context import ActivationContext
+from keylane.catalog import ERRORS
+from keylane.core.activation import Decision
+from keylane.records import Emit
+from keylane.testing import AgentHarness, ManualClock
+from keylane.wire import Approval, ErrorRecord, ToolResult, decode
 
 KEY = b"order-7"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from service.config import Settings
-from service.errors import ConfigError
-from service.signing import Keyring
-from service.wire import Approval, ToolIntent
+from keylane.config import Settings
+from keylane.errors import ConfigError
+from keylane.signing import Keyring
+from keylane.wire import Approval, ToolIntent
 
 INTENT = ToolIntent(
     intent_id="i-1",

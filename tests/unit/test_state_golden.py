@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from service.runtime.state import (
+from keylane.core.state import (
     STATE_SCHEMA_VERSION,
     ArmedTimer,
     BufferedEvent,

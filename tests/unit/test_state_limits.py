@@ -10,16 +10,16 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 
-from service.catalog import EVENTS, RESULTS
-from service.llm.fake import FakeLLM, match_any, respond_with
-from service.llm.types import LlmRequest
-from service.runtime import activation
-from service.runtime.activation import KeyRuntime
-from service.runtime.api import AgentConfig, Complete, Suspend
-from service.runtime.context import ActivationContext
-from service.runtime.memory import MemoryOverflow
-from service.runtime.state import encode_state
-from service.testing import AgentHarness, ManualClock
+from keylane.authoring.api import AgentConfig, Complete, Suspend
+from keylane.authoring.context import ActivationContext
+from keylane.authoring.memory import MemoryOverflow
+from keylane.catalog import EVENTS, RESULTS
+from keylane.core import activation
+from keylane.core.activation import KeyRuntime
+from keylane.core.state import encode_state
+from keylane.llm.fake import FakeLLM, match_any, respond_with
+from keylane.llm.types import LlmRequest
+from keylane.testing import AgentHarness, ManualClock
 
 KEY = b"ticket-9"
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from service import (
+from keylane import (
     ActivationContext,
     AgentConfig,
     Complete,
@@ -18,10 +18,10 @@ from service import (
     match_any,
     respond_with,
 )
-from service.llm.types import AssistantTurn, ToolCall, encode_turn
-from service.runtime.tool_loop import ToolLoop
-from service.testing import AgentHarness
-from service.tools import ToolRegistry
+from keylane.authoring.tool_loop import ToolLoop
+from keylane.authoring.tools import ToolRegistry
+from keylane.llm.types import AssistantTurn, ToolCall, encode_turn
+from keylane.testing import AgentHarness
 
 registry = ToolRegistry()
 registry.register(

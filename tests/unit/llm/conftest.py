@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from service.llm.anthropic import AnthropicProvider
-from service.llm.openai import OpenAIProvider
+from keylane.llm.anthropic import AnthropicProvider
+from keylane.llm.openai import OpenAIProvider
 from tests.llm_servers import FakeAnthropicServer, FakeOpenAIServer
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.llm import (
+from keylane.llm import (
     AnthropicProvider,
     LlmRequest,
     ProviderRequestError,

@@ -8,11 +8,11 @@ import time
 
 from prometheus_client import REGISTRY
 
-from service import ActivationContext, AgentConfig, Complete, LlmRequest
-from service.llm.openai import OpenAIProvider
-from service.llm.resilience import ResilientProvider, RetryPolicy
-from service.testing import AgentHarness
-from service.wire import AgentEnvelope, encode
+from keylane import ActivationContext, AgentConfig, Complete, LlmRequest
+from keylane.llm.openai import OpenAIProvider
+from keylane.llm.resilience import ResilientProvider, RetryPolicy
+from keylane.testing import AgentHarness
+from keylane.wire import AgentEnvelope, encode
 from tests.llm_servers import FakeOpenAIServer
 
 

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from service.llm import (
+from keylane.llm import (
     LlmRequest,
     OpenAIProvider,
     ProviderRequestError,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from service.errors import ConfigError
-from service.llm import (
+from keylane.errors import ConfigError
+from keylane.llm import (
     AnthropicProvider,
     FakeLLM,
     LlmRequest,

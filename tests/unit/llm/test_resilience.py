@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from service.llm import (
+from keylane.llm import (
     CALL_DEADLINE,
     CircuitBreaker,
     CircuitOpen,
@@ -30,7 +30,7 @@ from service.llm import (
     raise_error,
     respond_with,
 )
-from service.llm.http_provider import retry_after_s
+from keylane.llm.http_provider import retry_after_s
 from tests.llm_servers import FakeOpenAIServer
 
 REQUEST = LlmRequest(model_id="m", messages=["hi"])

@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from service.llm import AnthropicProvider, LlmRequest, OpenAIProvider, ProviderRequestError
+from keylane.llm import AnthropicProvider, LlmRequest, OpenAIProvider, ProviderRequestError
 from tests.llm_servers import FakeAnthropicServer, FakeOpenAIServer
 
 

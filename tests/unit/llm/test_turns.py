@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.llm import (
+from keylane.llm import (
     AssistantTurn,
     FakeLLM,
     LlmRequest,

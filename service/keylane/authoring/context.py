@@ -1,0 +1,218 @@
+"""ActivationContext: what one activation of an agent can see and do.
+
+Everything an activation changes is staged here and applied by the runtime only if the
+agent returns normally within its timeout: memory writes, replay-cache inserts, intents,
+approval requests. The step cursor ``step_index`` advances by one on every ``act``,
+``request_approval`` and ``call_model`` (cache hits included), so a replay of the same
+activation produces the same intent ids in the same order.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from keylane import ids, metrics
+from keylane.authoring.memory import Memory
+from keylane.authoring.ratelimit import ProviderLimiter
+from keylane.authoring.tools import ToolRegistry, ToolSpec, UnknownTool
+from keylane.core.replay_cache import ReplayCache
+from keylane.errors import KeylaneError
+from keylane.llm.types import LlmRequest, LlmResponse, Provider, cache_key
+from keylane.wire import Approval, ToolIntent, ToolResult
+
+
+class NoProvider(KeylaneError):
+    """ctx.call_model was used by an agent configured without a provider_factory."""
+
+
+class BudgetExceeded(KeylaneError):
+    """The activation spent more tokens than AgentConfig.max_tokens_per_activation allows."""
+
+
+class ToolMisuse(KeylaneError):
+    """A tool was used through the wrong door (a read-only tool via act, or the reverse)."""
+
+
+@dataclass
+class StagedApproval:
+    """An approval request staged by ``request_approval``."""
+
+    intent: ToolIntent
+    channel: str
+
+
+@dataclass
+class ActivationStats:
+    """Time spent outside the runtime, for overhead_ms = activation_ms - llm - tools."""
+
+    llm_ms: float = 0.0
+    tool_ms: float = 0.0
+    llm_calls: int = 0
+    cache_hits: int = 0
+    tokens: int = 0
+    """Prompt + completion tokens of every answer this activation got, cache hits included."""
+    tool_calls: int = 0
+
+
+@dataclass(kw_only=True)
+class ActivationContext:
+    """The agent's view of one activation of one physical key."""
+
+    event: bytes
+    """The event's payload (b"" on a resume)."""
+    entity_key: bytes
+    """The physical key (``key#i`` behind ShardKeys)."""
+    memory: Memory
+    seq: int
+    """The activation's seq: the key's committed-activation count, or the suspended one's."""
+    snapshot: bytes = b""
+    """On a resume: the bytes the suspending activation passed to Suspend."""
+    resume_result: ToolResult | None = None
+    resume_approval: Approval | None = None
+    now_ms: int
+    _step_index: int = 0
+    _provider: Provider | None = None
+    _cache: ReplayCache
+    _tools: ToolRegistry
+    _intent_ttl_ms: int
+    _approval_channel: str
+    _limiter: ProviderLimiter | None = None
+    _token_budget: int | None = None
+    intents: list[ToolIntent] = field(default_factory=list)
+    approvals: list[StagedApproval] = field(default_factory=list)
+    stats: ActivationStats = field(default_factory=ActivationStats)
+
+    @property
+    def is_resume(self) -> bool:
+        """True when a tool result or an approval resumed a suspended activation."""
+        return self.resume_result is not None or self.resume_approval is not None
+
+    @property
+    def step_index(self) -> int:
+        """The step cursor: the index the next act / request_approval / call_model gets."""
+        return self._step_index
+
+    async def call_model(self, request: LlmRequest) -> LlmResponse:
+        """Ask the model, answering from the replay cache when this activation asked before.
+
+        Every answer, cached or not, is charged to the activation's token budget; going over
+        it raises BudgetExceeded.
+        """
+        self._step_index += 1
+        key = cache_key(request, entity_key=self.entity_key, seq=self.seq)
+        cached = self._cache.get(key, now_ms=self.now_ms)
+        if cached is not None:
+            self.stats.cache_hits += 1
+            metrics.LLM_CACHE_HITS.inc()
+            self._charge(cached)
+            return cached
+        if self._provider is None:
+            raise NoProvider("this agent has no provider: pass AgentConfig(provider_factory=...)")
+        started = time.perf_counter()
+        if self._limiter is not None:
+            waited = await self._limiter.acquire(self.entity_key)
+            if waited:
+                metrics.RATE_LIMIT_WAIT_MS.observe(waited * 1000)
+        try:
+            response = await self._provider.complete(request)
+        except Exception as exc:
+            metrics.LLM_ERRORS.labels(type(exc).__name__).inc()
+            raise
+        finally:
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            self.stats.llm_ms += elapsed_ms
+            self.stats.llm_calls += 1
+            metrics.LLM_CALLS.inc()
+            metrics.LLM_MS.observe(elapsed_ms)
+        tokens = response.prompt_tokens + response.completion_tokens
+        if tokens:
+            metrics.TOKENS_PER_CALL.observe(tokens)
+            metrics.TOKENS.inc(tokens)
+            metrics.PROMPT_TOKENS.inc(response.prompt_tokens)
+            metrics.COMPLETION_TOKENS.inc(response.completion_tokens)
+        self._cache.put(key, response, now_ms=self.now_ms)
+        self._charge(response)
+        return response
+
+    def _charge(self, response: LlmResponse) -> None:
+        self.stats.tokens += response.prompt_tokens + response.completion_tokens
+        self.check_budget()
+
+    def check_budget(self) -> None:
+        """Raise BudgetExceeded when the activation has spent more tokens than its budget."""
+        if self._token_budget is not None and self.stats.tokens > self._token_budget:
+            raise BudgetExceeded(
+                f"activation used {self.stats.tokens} tokens, over its budget of {self._token_budget}"
+                f" (max_tokens_per_activation) at step {self._step_index}"
+            )
+
+    def act(self, tool: str, args_json: str, *, ttl_ms: int | None = None) -> str:
+        """Stage a side effect for the effector; returns its deterministic intent id.
+
+        The intent is published only if the activation commits. Suspend to wait for its
+        ToolResult, which resumes this agent with ``ctx.resume_result``.
+        """
+        self._refuse_read_only(tool)
+        intent = self._stage(tool, args_json, ttl_ms)
+        self.intents.append(intent)
+        return intent.intent_id
+
+    def request_approval(
+        self, args_json: str, *, channel: str | None = None, ttl_ms: int | None = None
+    ) -> str:
+        """Stage a request for a human decision; returns its intent id. Suspend to wait for it."""
+        intent = self._stage(channel or self._approval_channel, args_json, ttl_ms)
+        self.approvals.append(StagedApproval(intent=intent, channel=channel or self._approval_channel))
+        return intent.intent_id
+
+    def tool_spec(self, name: str) -> ToolSpec:
+        """The registered tool ``name`` (UnknownTool if the agent's registry has none)."""
+        return self._tools.get(name)
+
+    async def run_tool(self, name: str, args: Any) -> Any:
+        """Run a read-only tool inline and return its result."""
+        spec = self._tools.get(name)
+        if spec.side_effect:
+            raise ToolMisuse(f"tool {name!r} has side effects: stage it with ctx.act({name!r}, args_json)")
+        started = time.perf_counter()
+        try:
+            return await spec.execute(args)
+        finally:
+            self.stats.tool_ms += (time.perf_counter() - started) * 1000
+            self.stats.tool_calls += 1
+
+    def _refuse_read_only(self, tool: str) -> None:
+        try:
+            spec = self._tools.get(tool)
+        except UnknownTool:
+            return  # the effector owns the implementation; it rejects names it does not know
+        if not spec.side_effect:
+            raise ToolMisuse(f"tool {tool!r} is read-only: call it inline with ctx.run_tool({tool!r}, args)")
+
+    def _stage(self, tool: str, args_json: str, ttl_ms: int | None) -> ToolIntent:
+        if not isinstance(args_json, str):
+            raise TypeError("args_json must be a JSON string")
+        try:
+            msgspec.json.decode(args_json)
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"args_json for {tool!r} is not valid JSON: {exc}") from None
+        ttl = self._intent_ttl_ms if ttl_ms is None else ttl_ms
+        # A float would be written into state that never decodes again (intents are ints).
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl <= 0:
+            raise ValueError(f"ttl_ms must be a positive whole number of milliseconds, got {ttl!r}")
+        intent = ToolIntent(
+            intent_id=ids.intent_id(self.entity_key, self.seq, self._step_index),
+            entity_key=self.entity_key.decode(),
+            seq=self.seq,
+            step_index=self._step_index,
+            tool=tool,
+            args_json=args_json,
+            created_at_ms=self.now_ms,
+            expires_at_ms=self.now_ms + ttl,
+        )
+        self._step_index += 1
+        return intent

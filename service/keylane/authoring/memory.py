@@ -1,0 +1,193 @@
+"""The Memory facade: a key's working memory as an agent sees it during one activation.
+
+Writes are staged on a copy; the runtime commits them only when the activation succeeds.
+Values are anything msgpack encodes (None, bool, int, float, str, bytes, lists, dicts).
+
+Size is the sum of encoded keys and values. Two caps, per key:
+
+* soft cap (75% of the hard cap): the first write that reaches it logs a warning and counts
+  ``memory_soft_cap_warnings``, once per activation;
+* hard cap (1 MiB): a write that would exceed it first compacts once (drops the least
+  recently used entries, other than the one being written, down to half the cap); if the
+  write still does not fit it raises MemoryOverflow, and neither the write nor the
+  compaction is applied;
+* room in the state blob (``room_bytes``, given by the runtime): memory shares one
+  changelog record with the key's replay cache, outbox, queued events, continuation and
+  bookkeeping, so the runtime passes what the blob's limit leaves after those. The room is
+  counted as the MEMORY cell encodes (keys and values plus ENTRY_OVERHEAD_BYTES per entry)
+  and handled like the hard cap: compact once, then MemoryOverflow. A write within the
+  room can still fail its activation if the activation then grows the rest of the state
+  (``state_too_large``); the room turns the common case into an error the agent can catch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from keylane.core.state import MemoryBlob, MemoryEntry, encoded_size
+from keylane.errors import KeylaneError
+
+log = logging.getLogger(__name__)
+
+MEMORY_HARD_CAP_BYTES = 1024 * 1024
+DEFAULT_RING_ITEMS = 64
+ENTRY_OVERHEAD_BYTES = encoded_size(MemoryEntry(value=None, ring=False, last_access_ms=-(2**63))) + 5
+"""Upper bound of what one entry adds to the encoded cell besides its key and value bytes:
+the entry's field names, flag and timestamp, and the key's msgpack header."""
+
+
+class MemoryOverflow(KeylaneError):
+    """A memory write that does not fit under the hard cap, or in the room the key's state
+    blob leaves for memory, even after one compaction."""
+
+    def __init__(self, key: str, attempted_bytes: int, cap_bytes: int, *, room: bool = False) -> None:
+        over = (
+            f"over the {cap_bytes} bytes the key's state leaves for memory (memory, replay cache, "
+            "outbox and queued events share one changelog record)"
+            if room
+            else f"over the {cap_bytes}-byte cap"
+        )
+        super().__init__(
+            f"memory write to {key!r} needs {attempted_bytes} bytes, {over} after compaction; "
+            "store less per key or keep large data elsewhere"
+        )
+        self.key = key
+        self.attempted_bytes = attempted_bytes
+        self.cap_bytes = cap_bytes
+
+
+class Memory:
+    """get / set / delete / append / ring over a staged copy of the MEMORY cell."""
+
+    def __init__(
+        self,
+        blob: MemoryBlob,
+        *,
+        now_ms: int,
+        hard_cap_bytes: int = MEMORY_HARD_CAP_BYTES,
+        room_bytes: int | None = None,
+        on_soft_cap: Callable[[int], None] | None = None,
+    ) -> None:
+        self._entries: dict[str, MemoryEntry] = dict(blob.entries)
+        self._sizes = {key: _key_size(key) + encoded_size(e.value) for key, e in self._entries.items()}
+        self._total = sum(self._sizes.values())
+        self._now_ms = now_ms
+        self._hard_cap = hard_cap_bytes
+        self._room = room_bytes
+        self._soft_cap = hard_cap_bytes * 3 // 4
+        self._on_soft_cap = on_soft_cap
+        self._warned = False
+        self.dirty = False
+
+    @property
+    def total_bytes(self) -> int:
+        """Current size of keys and values, as the caps count it."""
+        return self._total
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The scalar stored under ``key``, or ``default``. TypeError if it is a ring."""
+        entry = self._touch(key)
+        if entry is None:
+            return default
+        if entry.ring:
+            raise TypeError(f"memory key {key!r} holds a ring; read it with ring({key!r})")
+        return entry.value
+
+    def set(self, key: str, value: Any) -> None:
+        """Store ``value`` under ``key``, replacing a scalar or a ring."""
+        self._write(key, MemoryEntry(value=value, ring=False, last_access_ms=self._now_ms))
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; nothing happens when it is absent."""
+        if key in self._entries:
+            del self._entries[key]
+            self._total -= self._sizes.pop(key)
+            self.dirty = True
+
+    def append(self, key: str, item: Any, *, max_items: int = DEFAULT_RING_ITEMS) -> None:
+        """Append to the ring under ``key``, keeping its newest ``max_items`` items."""
+        entry = self._entries.get(key)
+        if entry is not None and not entry.ring:
+            raise TypeError(f"memory key {key!r} holds a scalar; append needs a ring")
+        items = [*(entry.value if entry else []), item]
+        items = items[-max_items:] if max_items > 0 else []
+        self._write(key, MemoryEntry(value=items, ring=True, last_access_ms=self._now_ms))
+
+    def ring(self, key: str) -> tuple[Any, ...]:
+        """The ring under ``key``, oldest first; () when absent. TypeError on a scalar."""
+        entry = self._touch(key)
+        if entry is None:
+            return ()
+        if not entry.ring:
+            raise TypeError(f"memory key {key!r} holds a scalar; read it with get({key!r})")
+        return tuple(entry.value)
+
+    def keys(self) -> Iterator[str]:
+        """Keys in memory, in insertion order."""
+        return iter(list(self._entries))
+
+    def to_blob(self) -> MemoryBlob:
+        """The staged MEMORY cell, for the commit."""
+        return MemoryBlob(entries=dict(self._entries))
+
+    def _touch(self, key: str) -> MemoryEntry | None:
+        entry = self._entries.get(key)
+        if entry is not None and entry.last_access_ms != self._now_ms:
+            entry = MemoryEntry(value=entry.value, ring=entry.ring, last_access_ms=self._now_ms)
+            self._entries[key] = entry
+            self.dirty = True
+        return entry
+
+    def _write(self, key: str, entry: MemoryEntry) -> None:
+        size = _key_size(key) + encoded_size(entry.value)
+        projected = self._total - self._sizes.get(key, 0) + size
+        if self._over(key, projected):
+            before = (dict(self._entries), dict(self._sizes), self._total, self.dirty)
+            cap = self._hard_cap if self._room is None else min(self._hard_cap, self._room)
+            self._compact(keep=key, target=cap // 2)
+            projected = self._total - self._sizes.get(key, 0) + size
+            if self._over(key, projected):
+                # The write fails as a whole: the entries compaction dropped come back, so an
+                # agent that catches MemoryOverflow and goes on commits its memory intact.
+                self._entries, self._sizes, self._total, self.dirty = before
+                if projected > self._hard_cap:
+                    raise MemoryOverflow(key, projected, self._hard_cap)
+                assert self._room is not None
+                raise MemoryOverflow(key, self._cell_bytes(key, projected), self._room, room=True)
+        self._entries[key] = entry
+        self._total = projected
+        self._sizes[key] = size
+        self.dirty = True
+        if self._total >= self._soft_cap and not self._warned:
+            self._warned = True
+            log.warning("memory at %s bytes, over the soft cap of %s", self._total, self._soft_cap)
+            if self._on_soft_cap is not None:
+                self._on_soft_cap(self._total)
+
+    def _over(self, key: str, projected: int) -> bool:
+        """Whether memory holding ``projected`` bytes (with ``key`` written) breaks a cap."""
+        if projected > self._hard_cap:
+            return True
+        return self._room is not None and self._cell_bytes(key, projected) > self._room
+
+    def _cell_bytes(self, key: str, projected: int) -> int:
+        """Upper bound of the encoded MEMORY cell with ``key`` written and ``projected`` bytes."""
+        entries = len(self._entries) + (key not in self._entries)
+        return projected + ENTRY_OVERHEAD_BYTES * entries + _CELL_OVERHEAD_BYTES
+
+    def _compact(self, *, keep: str, target: int) -> None:
+        """Drop least recently used entries (never ``keep``) until the total is at most target."""
+        by_age = sorted((e.last_access_ms, k) for k, e in self._entries.items() if k != keep)
+        for _, key in by_age:
+            if self._total <= target:
+                break
+            self.delete(key)
+
+
+_CELL_OVERHEAD_BYTES = 16  # the cell's "entries" name and map headers
+
+
+def _key_size(key: str) -> int:
+    return len(key.encode())

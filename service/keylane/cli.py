@@ -1,0 +1,323 @@
+"""The ``keylane`` command: topic administration, the agent worker and the effector.
+
+Every operator error (bad flag, bad setting, unreachable broker, topic drift) prints one
+line naming the fix and exits non-zero; tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from keylane.catalog import Catalog, load_catalog
+from keylane.config import Settings
+from keylane.errors import ConfigError, KeylaneError
+from keylane.kafka.topic_admin import admin_client, apply_catalog, inspect_catalog
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the command ran and found a problem (drift, refusal, unreachable broker)
+EXIT_USAGE = 2  # the command line itself is wrong
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line and points at --help."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
+def _connection_options() -> _Parser:
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--bootstrap-servers",
+        metavar="HOST:PORT[,...]",
+        help="Kafka bootstrap servers (env KEYLANE_BOOTSTRAP_SERVERS; default 127.0.0.1:9092)",
+    )
+    common.add_argument(
+        "--topic-prefix",
+        metavar="PREFIX",
+        help="prefix for every topic name (env KEYLANE_TOPIC_PREFIX; default none)",
+    )
+    return common
+
+
+def _process_options() -> _Parser:
+    process = _Parser(add_help=False)
+    process.add_argument("--app-id", help="Faust application id / consumer group (env KEYLANE_APP_ID)")
+    process.add_argument("--data-dir", help="directory for RocksDB tables (env KEYLANE_DATA_DIR)")
+    process.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="port of the Prometheus /metrics endpoint, 0 disables it (env KEYLANE_METRICS_PORT)",
+    )
+    return process
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full command-line grammar; every subcommand has --help."""
+    common = _connection_options()
+    parser = _Parser(prog="keylane", description="A Kafka-native runtime for keyed LLM agents.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    topics = commands.add_parser("topics", help="create or check the topics in topics/catalog.toml")
+    topic_cmds = topics.add_subparsers(
+        dest="topics_command", required=True, metavar="ACTION", parser_class=_Parser
+    )
+    apply = topic_cmds.add_parser(
+        "apply",
+        parents=[common],
+        help="create missing topics; refuse when a partition count differs from the catalog",
+        description="Create missing catalog topics and fix drifted topic configs. Refuses, changing "
+        "nothing, when an existing topic's partition count differs from the catalog.",
+    )
+    apply.set_defaults(handler=_topics_apply)
+    check = topic_cmds.add_parser(
+        "check",
+        parents=[common],
+        help="report drift between the catalog and the broker; change nothing",
+        description="Report every difference between the catalog and the broker. Exit 1 on any drift.",
+    )
+    check.set_defaults(handler=_topics_check)
+    show = topic_cmds.add_parser("list", parents=[common], help="print the catalog with the prefix applied")
+    show.set_defaults(handler=_topics_list)
+
+    process = _process_options()
+    worker = commands.add_parser(
+        "worker",
+        parents=[common, process],
+        help="run an agent worker",
+        description="Run an agent: consume its events, results and approvals, one activation at a time "
+        "per key. It refuses to start until the catalog topics exist.",
+    )
+    worker.add_argument(
+        "--agent",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="the agent, e.g. examples.support_agent:agent",
+    )
+    worker.add_argument(
+        "--config",
+        metavar="MODULE:ATTRIBUTE",
+        help="its AgentConfig (default: the agent module's 'config', else the defaults)",
+    )
+    worker.add_argument(
+        "--provider",
+        metavar="URL",
+        help="the model provider, e.g. openai+http://127.0.0.1:8000/v1?model=qwen "
+        "(overrides KEYLANE_PROVIDER and the config's provider_factory; see docs/providers.md)",
+    )
+    worker.set_defaults(handler=_worker)
+
+    effector = commands.add_parser(
+        "effector",
+        parents=[common, process],
+        help="run the effector that executes side-effect intents",
+        description="Consume agent.intents, execute each side-effect tool once in effect, and publish "
+        "its ToolResult on agent.results.",
+    )
+    effector.add_argument(
+        "--tools",
+        required=True,
+        action="append",
+        metavar="MODULE",
+        help="module whose @tool(side_effect=True) functions may run (repeatable)",
+    )
+    effector.add_argument(
+        "--tool-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="default timeout of one tool execution (default 60)",
+    )
+    effector.set_defaults(handler=_effector)
+
+    approve = commands.add_parser(
+        "approve",
+        parents=[common],
+        help="approve (or --deny) a pending approval request",
+        description="Publish a decision on agent.approvals under the request's physical key; it "
+        "resumes the suspended agent if it arrives before the deadline.",
+    )
+    approve.add_argument("--key", required=True, help="the physical key from the request (e.g. customer-7#2)")
+    approve.add_argument("--intent", required=True, metavar="ID", help="the request's intent id")
+    approve.add_argument("--deny", action="store_true", help="deny instead of approve")
+    approve.add_argument("--approver", required=True, metavar="NAME", help="who decided")
+    approve.add_argument("--reason", metavar="TEXT", help="why, for the record")
+    approve.set_defaults(handler=_approve)
+
+    approvals = commands.add_parser("approvals", help="list approval requests")
+    approval_cmds = approvals.add_subparsers(
+        dest="approvals_command", required=True, metavar="ACTION", parser_class=_Parser
+    )
+    listing = approval_cmds.add_parser(
+        "list",
+        parents=[common],
+        help="pending approval requests with their deadlines",
+        description="Read agent.approval-requests and agent.approvals; print the requests still waiting.",
+    )
+    listing.add_argument("--all", action="store_true", help="also show decided and expired requests")
+    listing.set_defaults(handler=_approvals_list)
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings.from_env(
+        bootstrap_servers=args.bootstrap_servers,
+        topic_prefix=args.topic_prefix,
+        app_id=getattr(args, "app_id", None),
+        data_dir=getattr(args, "data_dir", None),
+        metrics_port=getattr(args, "metrics_port", None),
+        provider=getattr(args, "provider", None),
+    )
+
+
+def _catalog(settings: Settings) -> Catalog:
+    return load_catalog(prefix=settings.topic_prefix, replication_factor=settings.replication_factor)
+
+
+def _topics_apply(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    catalog = _catalog(settings)
+
+    async def run() -> int:
+        async with admin_client(settings) as client:
+            result = await apply_catalog(client, catalog)
+        for name in result.created:
+            print(f"created      {name}")
+        for name in result.reconfigured:
+            print(f"reconfigured {name}")
+        for warning in result.warnings:
+            print(f"warning      {warning}")
+        verdict = "changed" if result.changed else "nothing to change"
+        print(
+            f"{len(result.created)} created, {len(result.reconfigured)} reconfigured, "
+            f"{len(result.unchanged)} unchanged: {verdict}"
+        )
+        return EXIT_OK
+
+    return asyncio.run(run())
+
+
+def _topics_check(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    catalog = _catalog(settings)
+
+    async def run() -> int:
+        async with admin_client(settings) as client:
+            reports = await inspect_catalog(client, catalog)
+        problems = 0
+        for report in reports:
+            if report.status == "ok":
+                print(f"ok       {report.spec.name}")
+            elif report.status == "missing":
+                problems += 1
+                print(f"missing  {report.spec.name}")
+            else:
+                problems += 1
+                print(f"drift    {report.spec.name}: " + "; ".join(str(d) for d in report.drifts))
+        if problems:
+            print(
+                f"{problems} of {len(reports)} topics differ from the catalog; "
+                "'keylane topics apply' fixes what it safely can"
+            )
+            return EXIT_FAILED
+        print(f"all {len(reports)} topics match the catalog")
+        return EXIT_OK
+
+    return asyncio.run(run())
+
+
+def _topics_list(args: argparse.Namespace) -> int:
+    catalog = _catalog(_settings(args))
+    print(f"{'topic':<40} {'partitions':>10} {'rf':>3} {'cleanup':<8} {'retention_ms':>12} {'max_bytes':>9}")
+    for spec in catalog:
+        print(
+            f"{spec.name:<40} {spec.partitions:>10} {spec.replication_factor:>3} {spec.cleanup_policy:<8} "
+            f"{spec.retention_ms:>12} {spec.max_message_bytes:>9}"
+        )
+    return EXIT_OK
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from keylane.stages.worker import run_worker  # imports Faust; keep `keylane --help` fast
+
+    settings = _settings(args)
+    return run_worker(settings, _catalog(settings), agent_ref=args.agent, config_ref=args.config)
+
+
+def _effector(args: argparse.Namespace) -> int:
+    from keylane.stages.worker import run_effector
+
+    settings = _settings(args)
+    return run_effector(
+        settings, _catalog(settings), tool_modules=args.tools, tool_timeout_s=args.tool_timeout
+    )
+
+
+def _approve(args: argparse.Namespace) -> int:
+    from keylane.approvals import send_approval
+
+    settings = _settings(args)
+    if not args.key.strip() or not args.intent.strip() or not args.approver.strip():
+        raise ConfigError("--key, --intent and --approver must not be empty")
+    approval = asyncio.run(
+        send_approval(
+            settings,
+            _catalog(settings),
+            key=args.key,
+            intent_id=args.intent,
+            approved=not args.deny,
+            approver=args.approver,
+            reason=args.reason,
+        )
+    )
+    verdict = "approved" if approval.approved else "denied"
+    signed = f", signed with key {approval.key_id}" if approval.key_id else ""
+    print(f"{verdict} {approval.intent_id} for {approval.entity_key} by {approval.approver}{signed}")
+    return EXIT_OK
+
+
+def _approvals_list(args: argparse.Namespace) -> int:
+    from keylane.approvals import approval_requests
+
+    settings = _settings(args)
+    now_ms = time.time_ns() // 1_000_000
+    views = asyncio.run(approval_requests(settings, _catalog(settings), now_ms=now_ms))
+    shown = [v for v in views if args.all or v.status == "pending"]
+    print(f"{'key':<28} {'intent':<36} {'channel':<12} {'status':<8} {'deadline (UTC)':<20} args")
+    for view in shown:
+        request = view.request
+        deadline = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(request.deadline_ms / 1000))
+        print(
+            f"{request.entity_key:<28} {request.intent_id:<36} {request.channel:<12} {view.status:<8} "
+            f"{deadline:<20} {request.args_json}"
+        )
+    print(f"{sum(v.status == 'pending' for v in views)} pending of {len(views)} requests")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``keylane`` console script."""
+    args = build_parser().parse_args(argv)
+    if args.command in ("topics", "approve", "approvals"):
+        # The admin client logs each failed connection attempt; the one-line error below
+        # says the same thing with the fix, so keep its noise off the terminal.
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except KeylaneError as exc:
+        print(f"keylane: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Settings: every knob keylane reads from the environment, read in this one place.
+
+Precedence, highest first: an explicit override (a CLI flag), the environment, the default.
+Values are validated when Settings is built, so a bad value fails at start-up with a
+ConfigError naming the variable, never later inside the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from keylane.errors import ConfigError
+from keylane.signing import Keyring
+
+# Kafka's legal topic characters; the prefix is part of every topic name.
+_TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]*$")
+_HOST_PORT = re.compile(r"^[^\s:,]+:\d{1,5}$")
+MAX_PREFIX_LEN = 200  # leaves room for the longest catalog name within Kafka's 249
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Process-wide configuration. Build it with :meth:`from_env`."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    """Comma-separated host:port list (KEYLANE_BOOTSTRAP_SERVERS, or KAFKA_BOOTSTRAP_SERVERS)."""
+
+    topic_prefix: str = ""
+    """Prepended to every catalog topic name (KEYLANE_TOPIC_PREFIX)."""
+
+    replication_factor: int | None = None
+    """Overrides the catalog's replication factor for every topic (KEYLANE_REPLICATION_FACTOR)."""
+
+    app_id: str = "keylane"
+    """Faust application id: consumer group and changelog topic prefix (KEYLANE_APP_ID)."""
+
+    data_dir: Path = field(default_factory=lambda: Path(".keylane-data"))
+    """Where RocksDB tables live (KEYLANE_DATA_DIR)."""
+
+    metrics_port: int = 9464
+    """Port of the Prometheus /metrics endpoint; 0 disables it (KEYLANE_METRICS_PORT)."""
+
+    log_level: str = "info"
+    """Logging level for the worker (KEYLANE_LOG_LEVEL)."""
+
+    signing_keys: str = field(default="", repr=False)
+    """Trusted HMAC keys, ``kid:secret[,kid:secret]``; the first signs (KEYLANE_SIGNING_KEYS)."""
+
+    intent_signatures: str = "off"
+    """How the effector checks intent signatures: off | permissive | require
+    (KEYLANE_INTENT_SIGNATURES)."""
+
+    approval_signatures: str = "off"
+    """How the worker checks approval signatures: off | permissive | require
+    (KEYLANE_APPROVAL_SIGNATURES)."""
+
+    result_signatures: str = "off"
+    """How the worker checks the effector's ToolResult signatures: off | permissive | require
+    (KEYLANE_RESULT_SIGNATURES). The effector signs its results whenever it has keys."""
+
+    session_timeout_s: float = 10.0
+    """Consumer-group session timeout: how long a crashed worker keeps its partitions before
+    the group moves them (KEYLANE_SESSION_TIMEOUT_S; the broker's minimum is 6)."""
+
+    provider: str = ""
+    """The worker's model provider as a URL, replacing the agent config's provider_factory
+    (KEYLANE_PROVIDER; see docs/providers.md). Empty: the agent config decides."""
+
+    def __post_init__(self) -> None:
+        servers = [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()]
+        if not servers or not all(_HOST_PORT.match(s) for s in servers):
+            raise ConfigError(
+                f"bootstrap servers {self.bootstrap_servers!r} are not host:port[,host:port]; "
+                "set KEYLANE_BOOTSTRAP_SERVERS or --bootstrap-servers, e.g. 127.0.0.1:9092"
+            )
+        if not _TOPIC_CHARS.match(self.topic_prefix) or len(self.topic_prefix) > MAX_PREFIX_LEN:
+            raise ConfigError(
+                f"topic prefix {self.topic_prefix!r} is not a legal Kafka topic prefix; "
+                f"use at most {MAX_PREFIX_LEN} of the characters a-z A-Z 0-9 . _ - (e.g. 'prod.')"
+            )
+        if self.topic_prefix in {".", ".."}:
+            raise ConfigError("topic prefix must not be '.' or '..'; use a name such as 'prod.'")
+        if self.replication_factor is not None and self.replication_factor < 1:
+            raise ConfigError("KEYLANE_REPLICATION_FACTOR must be a whole number >= 1")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError("KEYLANE_METRICS_PORT must be a port number (0 disables /metrics)")
+        for variable, mode in (
+            ("KEYLANE_INTENT_SIGNATURES", self.intent_signatures),
+            ("KEYLANE_APPROVAL_SIGNATURES", self.approval_signatures),
+            ("KEYLANE_RESULT_SIGNATURES", self.result_signatures),
+        ):
+            if mode not in ("off", "permissive", "require"):
+                raise ConfigError(f"{variable}={mode!r} must be one of off, permissive, require")
+            if mode == "require" and not self.keyring().keys:
+                raise ConfigError(f"{variable}=require needs keys: set KEYLANE_SIGNING_KEYS=keyid:secret")
+        if self.session_timeout_s < 6:
+            raise ConfigError("KEYLANE_SESSION_TIMEOUT_S must be at least 6 (the broker's minimum)")
+        if not _TOPIC_CHARS.match(self.app_id) or not self.app_id:
+            raise ConfigError(f"app id {self.app_id!r} must be non-empty and use a-z A-Z 0-9 . _ -")
+
+    def keyring(self) -> Keyring:
+        """The signing keys, parsed."""
+        return Keyring.parse(self.signing_keys)
+
+    @property
+    def bootstrap_list(self) -> list[str]:
+        """The bootstrap servers as a list of host:port strings."""
+        return [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()]
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """Read settings from ``environ`` (default: the process environment).
+
+        ``overrides`` with a value of None are ignored, so CLI flags that were not given
+        fall through to the environment.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        bootstrap = env.get("KEYLANE_BOOTSTRAP_SERVERS") or env.get("KAFKA_BOOTSTRAP_SERVERS")
+        if bootstrap:
+            values["bootstrap_servers"] = bootstrap
+        if "KEYLANE_TOPIC_PREFIX" in env:
+            values["topic_prefix"] = env["KEYLANE_TOPIC_PREFIX"]
+        if env.get("KEYLANE_REPLICATION_FACTOR"):
+            values["replication_factor"] = _int(env, "KEYLANE_REPLICATION_FACTOR")
+        if env.get("KEYLANE_APP_ID"):
+            values["app_id"] = env["KEYLANE_APP_ID"]
+        if env.get("KEYLANE_DATA_DIR"):
+            values["data_dir"] = Path(env["KEYLANE_DATA_DIR"])
+        if env.get("KEYLANE_METRICS_PORT"):
+            values["metrics_port"] = _int(env, "KEYLANE_METRICS_PORT")
+        if env.get("KEYLANE_SESSION_TIMEOUT_S"):
+            values["session_timeout_s"] = _float(env, "KEYLANE_SESSION_TIMEOUT_S")
+        for variable, name in (
+            ("KEYLANE_SIGNING_KEYS", "signing_keys"),
+            ("KEYLANE_INTENT_SIGNATURES", "intent_signatures"),
+            ("KEYLANE_APPROVAL_SIGNATURES", "approval_signatures"),
+            ("KEYLANE_RESULT_SIGNATURES", "result_signatures"),
+            ("KEYLANE_PROVIDER", "provider"),
+        ):
+            if env.get(variable):
+                values[name] = env[variable]
+        if env.get("KEYLANE_LOG_LEVEL"):
+            values["log_level"] = env["KEYLANE_LOG_LEVEL"]
+        known = {f.name for f in fields(cls)}
+        for name, value in overrides.items():
+            if name not in known:
+                raise TypeError(f"unknown setting {name!r}")
+            if value is not None:
+                values[name] = value
+        return cls(**values)  # type: ignore[arg-type]
+
+    def with_overrides(self, **changes: object) -> Settings:
+        """A copy with the given fields replaced (None values are ignored)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})  # type: ignore[arg-type]
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    raw = env[name]
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number; set it to one, e.g. {name}=3") from None
+
+
+def _float(env: Mapping[str, str], name: str) -> float:
+    raw = env[name]
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number; set it to one, e.g. {name}=10") from None

@@ -1,0 +1,768 @@
+"""KeyRuntime: one input record + one key's state -> a Decision (new state, records to publish).
+
+Broker-free on purpose: the Faust processor, the in-process test harness and the benchmarks
+all drive this same code. For each input record, in order:
+
+1. decode it strictly (a bad record becomes ``malformed_record``, the state is untouched);
+2. recognise a redelivery by the record's identity (``InputRecord.identity``: the original's
+   stream and offset, shared by every copy keylane re-produced): an offset at or below the
+   last one the key applied from that stream re-publishes that input's outbox entries and
+   rewrites the key's state unchanged (no second activation, no new seq; the rewrite heals a
+   changelog that lost the key's last record in a crash);
+3. an event for a suspended key is queued behind the suspension (``events_while_suspended``),
+   unless the key's queue is full (``max_buffered_events``, ``max_buffered_bytes``, or the
+   key's state limit): then it is dead-lettered as ``buffer_full`` and the state is untouched;
+4. a result or approval must be signed when its mode requires it, and must answer an intent
+   of its own kind (a ToolResult a tool intent, an Approval an approval request) that the
+   key is waiting for, else ``orphaned_result``; a result for an intent nobody waits for any
+   more (fire-and-forget, or answered already) is acknowledged and counted, not an error;
+5. run the activation under ``activation_timeout_s``; a raise or a timeout changes nothing
+   and becomes ``activation_error`` / ``activation_timeout`` with the input's raw bytes;
+6. on success build the whole next KeyState (memory, cache, continuation, pending, seq + 1,
+   applied offset, outbox) as one value: the caller writes it as one record;
+7. after a resume that ends the suspension, run the queued events in order;
+8. seal the next state against the key's state limit (``KeyRuntime.state_limit``: what one
+   changelog record can carry, or ``AgentConfig.max_state_bytes`` if lower). Over it, the
+   replay cache is trimmed, least recently used entries first (a dropped entry costs at most
+   one repeated model call); still over, the input fails as ``state_too_large`` and the
+   state is untouched. Memory writes see the same limit as they happen (``Memory``'s room),
+   and a queued event whose activation would not fit fails alone, like a failing one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from msgspec.structs import replace as struct_replace
+
+from keylane import ids, metrics
+from keylane.authoring.api import AgentConfig, AgentFn, Complete, Suspend
+from keylane.authoring.context import ActivationContext, BudgetExceeded
+from keylane.authoring.hitl import Deny, Escalate, FallbackContext, TimeoutDecision
+from keylane.authoring.memory import MEMORY_HARD_CAP_BYTES, Memory
+from keylane.authoring.ratelimit import ProviderLimiter
+from keylane.catalog import APPROVAL_REQUESTS, EVENTS, EVENTS_SHARDED, INTENTS, OUTPUT, RESULTS, TIMERS
+from keylane.clock import Clock, wall_clock_ms
+from keylane.core.replay_cache import ReplayCache
+from keylane.core.state import (
+    SETTLED_INTENTS_KEPT,
+    BufferedEvent,
+    Continuation,
+    IntentKind,
+    KeyState,
+    MemoryBlob,
+    OutboxRecord,
+    PendingIntent,
+    encode_state,
+    over_limit,
+    seal,
+)
+from keylane.core.timers import TTL, arm
+from keylane.llm.resilience import CALL_DEADLINE
+from keylane.llm.types import Provider
+from keylane.records import Emit, InputRecord, error_emit
+from keylane.signing import Keyring, Mode
+from keylane.wire import (
+    AgentEnvelope,
+    Approval,
+    ApprovalRequest,
+    MalformedRecord,
+    TimerFired,
+    ToolResult,
+    decode,
+    decode_key,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+
+OrphanDetail = Literal[
+    "no_continuation", "unknown_intent", "kind_mismatch", "deadline_passed", "intent_expired"
+]
+UNAWAITED = "unawaited"
+"""The admission verdict for a result nobody waits for any more: acknowledged, not an error."""
+DEFAULT_CHANGELOG_MAX_BYTES = 1_000_000
+"""What one changelog record may carry when the worker does not say: Faust's default
+``producer_max_request_size``, the first limit a record meets. The worker passes its own
+(``KeyRuntime(changelog_max_bytes=...)``): the smaller of its producer's request limit and
+the changelog topic's ``max.message.bytes``."""
+RECORD_OVERHEAD_BYTES = 1024
+"""Reserved in a changelog record for everything but the value and the key: the record
+batch header (61 bytes), the record's own overhead (at most 21) and headers, with room."""
+
+
+@dataclass
+class Decision:
+    """What to do for one input: write ``new_state`` (if not None), then publish ``emits``."""
+
+    new_state: KeyState | None
+    emits: list[Emit] = field(default_factory=list)
+    blob: bytes | None = None
+    """``new_state`` encoded, when the runtime sealed it against the key's state limit (a
+    writer may store these bytes instead of encoding the state again)."""
+
+
+class ActivationFailed(Exception):
+    """An activation that must change nothing; becomes an error record."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class _Committed:
+    state: KeyState
+    emits: list[Emit]
+
+
+class KeyRuntime:
+    """Runs one agent's activations for the keys of the partitions it is given."""
+
+    def __init__(
+        self,
+        agent: AgentFn,
+        config: AgentConfig,
+        *,
+        provider: Provider | None = None,
+        clock: Clock = wall_clock_ms,
+        keyring: Keyring | None = None,
+        approval_signatures: Mode = "off",
+        result_signatures: Mode = "off",
+        changelog_max_bytes: int = DEFAULT_CHANGELOG_MAX_BYTES,
+    ) -> None:
+        if changelog_max_bytes <= RECORD_OVERHEAD_BYTES:
+            raise ValueError(
+                f"changelog_max_bytes must exceed {RECORD_OVERHEAD_BYTES}, got {changelog_max_bytes}"
+            )
+        self.changelog_max_bytes = changelog_max_bytes
+        self.agent = agent
+        self.keyring = keyring or Keyring({})
+        self.approval_signatures = approval_signatures
+        self.result_signatures = result_signatures
+        self.config = config
+        self.provider = (
+            provider
+            if provider is not None
+            else (config.provider_factory() if config.provider_factory else None)
+        )
+        self.clock = clock
+        self.limiter = ProviderLimiter(config.rate_limit) if config.rate_limit else None
+        self._in_flight: set[str] = set()
+        self._delivered: set[str] = set()
+
+    def on_published(self, record_id: str) -> None:
+        """A record was handed to the producer; its outbox entry stays until delivery."""
+        self._in_flight.add(record_id)
+
+    def on_delivered(self, record_id: str) -> None:
+        """The producer confirmed a record; its outbox entry goes at the key's next commit."""
+        self._in_flight.discard(record_id)
+        if len(self._delivered) > _MAX_TRACKED:
+            self._delivered.clear()  # only delays pruning: entries stay until redelivery proves them
+        self._delivered.add(record_id)
+
+    def state_limit(self, key: bytes) -> int:
+        """The most bytes ``key``'s encoded state may take: what one changelog record carries
+        besides the key and the record's overhead, or ``AgentConfig.max_state_bytes`` if lower."""
+        limit = self.changelog_max_bytes - RECORD_OVERHEAD_BYTES - len(key)
+        cap = self.config.max_state_bytes
+        return limit if cap is None else min(limit, cap)
+
+    async def handle(self, record: InputRecord, state_of: Callable[[bytes], KeyState]) -> Decision:
+        """Decide what one input record does. ``state_of(key)`` reads the key's committed state."""
+        try:
+            key_text = decode_key(record.key)
+            parsed = self._parse(record, key_text)
+        except MalformedRecord as exc:
+            return Decision(None, [self._error(record, "malformed_record", exc.detail)])
+        assert record.key is not None
+        key = record.key
+        state = state_of(key)
+        stream, offset = record.identity
+        last = _applied_offset(state, record)
+        if last is not None and offset <= last:
+            if record.origin is None and record.log_end is not None and last >= record.log_end:
+                # The key applied an offset the log does not reach: this is a new incarnation of
+                # the topic (deleted and created again), not a redelivery.
+                log.warning(
+                    "%r applied %s up to offset %s but the log ends at %s: the topic was "
+                    "recreated; reading its records as new",
+                    key,
+                    stream,
+                    last,
+                    record.log_end,
+                )
+                metrics.STREAMS_RESTARTED.labels(record.topic).inc()
+                state = _forget_stream(state, record)
+            else:
+                metrics.REDELIVERIES.labels(record.topic).inc()
+                again = [e for e in state.outbox if _from_input(e, record)]
+                return Decision(state, [_emit_of(e) for e in again])
+
+        if isinstance(parsed, TimerFired):
+            return await self._on_timer(record, parsed, state, key)
+        if isinstance(parsed, AgentEnvelope):
+            if state.continuation is not None:
+                return self._queue(state, record, key)
+            try:
+                committed = await self._activate(state, key, event=parsed.payload_bytes(), record=record)
+            except ActivationFailed as exc:
+                return Decision(None, [self._error(record, exc.reason, exc.detail, entity_key=key_text)])
+            return self._commit(committed.state, record, committed.emits, key)
+
+        kind = "approval" if isinstance(parsed, Approval) else "result"
+        mode = self.approval_signatures if isinstance(parsed, Approval) else self.result_signatures
+        if mode != "off":
+            verdict = self.keyring.verify(parsed)
+            if verdict != "ok":
+                metrics.UNSIGNED.labels(kind).inc()
+                if mode == "require":
+                    detail = f"{verdict}: {kind} for {parsed.intent_id} refused"
+                    return Decision(
+                        None, [self._error(record, f"unsigned_{kind}", detail, entity_key=key_text)]
+                    )
+                log.warning("%s %s is %s; accepted (permissive mode)", kind, parsed.intent_id, verdict)
+        orphan = self._admission(state, parsed)
+        if orphan == UNAWAITED:
+            metrics.UNAWAITED_RESULTS.labels(kind).inc()
+            return Decision(None, [])
+        if orphan is not None:
+            return Decision(None, [self._orphan(record, orphan, parsed.intent_id, key_text)])
+        try:
+            committed = await self._activate(state, key, resume=parsed, record=record)
+        except ActivationFailed as exc:
+            return Decision(None, [self._error(record, exc.reason, exc.detail, entity_key=key_text)])
+        emits = list(committed.emits)
+        next_state = committed.state
+        if next_state.continuation is None and next_state.buffered:
+            next_state, drained = await self._drain_buffered(next_state, key, record, emits)
+            emits.extend(drained)
+        return self._commit(next_state, record, emits, key)
+
+    def _queue(self, state: KeyState, record: InputRecord, key: bytes) -> Decision:
+        """Queue an event behind the key's suspension, or dead-letter it as ``buffer_full``
+        (the key's state untouched) when the queue or the key's state would go past a limit."""
+        value = record.value or b""
+        depth = len(state.buffered)
+        queued_bytes = sum(len(b.value) for b in state.buffered)
+        config = self.config
+        limit: str | None = None
+        if depth + 1 > config.max_buffered_events:
+            limit = "events"
+            detail = (
+                f"{depth} events already queued behind the suspension "
+                f"(max_buffered_events={config.max_buffered_events})"
+            )
+        elif queued_bytes + len(value) > config.max_buffered_bytes:
+            limit = "bytes"
+            detail = (
+                f"{queued_bytes} bytes already queued behind the suspension, this event has {len(value)} "
+                f"(max_buffered_bytes={config.max_buffered_bytes})"
+            )
+        else:
+            buffered = BufferedEvent(
+                value=value,
+                origin_topic=record.topic,
+                origin_broker_topic=record.broker_topic,
+                origin_partition=record.partition,
+                origin_offset=record.offset,
+                copy_of=record.origin,
+            )
+            staged = self._advance(state, record, [], extra_buffered=(buffered,))
+            sealed = self._seal(staged, key)
+            if sealed is not None:
+                metrics.EVENTS_BUFFERED.inc()
+                metrics.BUFFERED_DEPTH.observe(depth + 1)
+                return self._decided(state, staged, *sealed, [])
+            limit = "state"
+            detail = f"queueing it would take the key's state past its limit: {self._over_limit(staged, key)}"
+        metrics.BUFFERED_EVENTS_REJECTED.labels(limit).inc()
+        detail += "; the event was not run (re-drive it from its origin once the key's suspension ends)"
+        return Decision(None, [self._error(record, "buffer_full", detail, entity_key=key.decode())])
+
+    def _parse(
+        self, record: InputRecord, key_text: str
+    ) -> AgentEnvelope | ToolResult | Approval | TimerFired:
+        if record.topic == TIMERS:
+            fired = decode(record.value, TimerFired)
+            if fired.entity_key != key_text:
+                raise MalformedRecord(
+                    f"entity_key {fired.entity_key!r} differs from the record key {key_text!r}"
+                )
+            return fired
+        if record.topic in (EVENTS, EVENTS_SHARDED):
+            envelope = decode(record.value, AgentEnvelope)
+            envelope.payload_bytes()  # a bad payload_b64 is a malformed record, not an agent error
+            if envelope.entity_key is not None and envelope.entity_key != key_text:
+                raise MalformedRecord(
+                    f"entity_key {envelope.entity_key!r} differs from the record key {key_text!r}"
+                )
+            return envelope
+        parsed: ToolResult | Approval
+        if record.topic == RESULTS:
+            parsed = decode(record.value, ToolResult)
+        else:
+            parsed = decode(record.value, Approval)
+        if parsed.entity_key != key_text:
+            raise MalformedRecord(
+                f"entity_key {parsed.entity_key!r} differs from the record key {key_text!r}"
+            )
+        return parsed
+
+    def _admission(self, state: KeyState, resume: ToolResult | Approval) -> str | None:
+        """None when the result may resume the key, UNAWAITED when it answers an intent nobody
+        waits for any more, else the orphaned_result detail."""
+        cont = state.continuation
+        if cont is None or resume.intent_id not in cont.pending_intent_ids:
+            if resume.intent_id in state.settled_intents:
+                return UNAWAITED
+            return "no_continuation" if cont is None else "unknown_intent"
+        pending = state.pending.get(resume.intent_id)
+        wanted: IntentKind = "approval" if isinstance(resume, Approval) else "tool"
+        if pending is not None and pending.kind != wanted:
+            return "kind_mismatch"  # e.g. a ToolResult forged for an approval request's id
+        if isinstance(resume, ToolResult) and resume.status == "EXPIRED":
+            # The effector refused the intent as expired. While the suspension lives (its
+            # timer has not fired yet), the agent gets the chance to take its degraded path.
+            return None
+        now = self.clock()
+        if cont.deadline_ms <= 0 or now >= cont.deadline_ms:
+            return "deadline_passed"
+        if pending is not None and now >= pending.expires_at_ms:
+            return f"intent_expired:{resume.intent_id}"
+        return None
+
+    async def _activate(
+        self,
+        state: KeyState,
+        key: bytes,
+        *,
+        record: InputRecord | None,
+        event: bytes = b"",
+        resume: ToolResult | Approval | None = None,
+    ) -> _Committed:
+        cont = state.continuation if resume is not None else None
+        seq = cont.seq if cont is not None else state.seq
+        now = self.clock()
+        soft_cap_hit: list[int] = []
+        # Memory shares the key's one changelog record with the rest of its state.
+        rest = len(encode_state(struct_replace(state, memory=_NO_MEMORY)))
+        memory = Memory(
+            state.memory,
+            now_ms=now,
+            hard_cap_bytes=MEMORY_HARD_CAP_BYTES,
+            room_bytes=max(0, self.state_limit(key) - rest),
+            on_soft_cap=soft_cap_hit.append,
+        )
+        ctx = ActivationContext(
+            event=event,
+            entity_key=key,
+            memory=memory,
+            seq=seq,
+            snapshot=cont.snapshot if cont is not None else b"",
+            resume_result=resume if isinstance(resume, ToolResult) else None,
+            resume_approval=resume if isinstance(resume, Approval) else None,
+            now_ms=now,
+            _step_index=cont.step_index if cont is not None else 0,
+            _provider=self.provider,
+            _limiter=self.limiter,
+            _token_budget=self.config.max_tokens_per_activation,
+            _cache=ReplayCache(state.llm_cache),
+            _tools=self.config.tools,
+            _intent_ttl_ms=self.config.hitl_policy.intent_ttl_ms,
+            _approval_channel=self.config.hitl_policy.approval_channel,
+        )
+        started = time.perf_counter()
+        timeout_s = self.config.activation_timeout_s
+        # Provider retries never wait past the activation's own deadline.
+        deadline_token = CALL_DEADLINE.set(time.monotonic() + timeout_s)
+        try:
+            async with asyncio.timeout(timeout_s) as deadline:
+                outcome = await self.agent(ctx)
+                ctx.check_budget()  # an agent that caught BudgetExceeded still does not commit
+        except BudgetExceeded as exc:
+            metrics.ACTIVATION_MS.observe((time.perf_counter() - started) * 1000)
+            raise ActivationFailed("budget_exceeded", str(exc)) from None
+        except TimeoutError:
+            metrics.ACTIVATION_MS.observe((time.perf_counter() - started) * 1000)
+            if deadline.expired():
+                raise ActivationFailed(
+                    "activation_timeout", f"activation exceeded {timeout_s}s at step {ctx.step_index}"
+                ) from None
+            raise ActivationFailed(
+                "activation_error", f"TimeoutError() failed_at_step={ctx.step_index}"
+            ) from None
+        except Exception as exc:
+            metrics.ACTIVATION_MS.observe((time.perf_counter() - started) * 1000)
+            raise ActivationFailed("activation_error", f"{exc!r} failed_at_step={ctx.step_index}") from exc
+        finally:
+            CALL_DEADLINE.reset(deadline_token)
+        if not isinstance(outcome, Complete | Suspend):
+            raise ActivationFailed(
+                "activation_error", f"agent returned {type(outcome).__name__}, expected Complete or Suspend"
+            )
+        # Checked here, not when written: a value state cannot encode would fail the key's
+        # next input with CorruptState instead of failing this activation.
+        carried = outcome.output if isinstance(outcome, Complete) else outcome.snapshot
+        if not isinstance(carried, bytes):
+            what = "Complete.output" if isinstance(outcome, Complete) else "Suspend.snapshot"
+            raise ActivationFailed(
+                "activation_error", f"{what} must be bytes, got {type(carried).__name__}; encode it first"
+            )
+        wall_ms = (time.perf_counter() - started) * 1000
+
+        pending = dict(state.pending) if cont is not None else {}
+        still_waiting = (
+            [i for i in cont.pending_intent_ids if i != resume.intent_id] if cont and resume else []
+        )
+        settled = [resume.intent_id] if resume is not None else []
+        if resume is not None:
+            pending.pop(resume.intent_id, None)
+        staged = [*ctx.intents, *(a.intent for a in ctx.approvals)]
+        for intent in staged:
+            kind: IntentKind = "approval" if any(a.intent is intent for a in ctx.approvals) else "tool"
+            pending[intent.intent_id] = PendingIntent(
+                intent_id=intent.intent_id, tool=intent.tool, kind=kind, expires_at_ms=intent.expires_at_ms
+            )
+        continuation: Continuation | None = None
+        emits: list[Emit] = [
+            Emit(record_id=i.intent_id, topic=INTENTS, key=key, value=encode(self.keyring.sign(i)))
+            for i in ctx.intents
+        ]
+        if isinstance(outcome, Suspend):
+            wait_ms = outcome.timeout_ms or self.config.hitl_policy.timeout_ms
+            deadline_ms = min([now + wait_ms, *(i.expires_at_ms for i in staged)])
+            continuation = Continuation(
+                seq=seq,
+                step_index=ctx.step_index,
+                pending_intent_ids=[*still_waiting, *(i.intent_id for i in staged)],
+                snapshot=outcome.snapshot,
+                suspended_at_ms=now,
+                deadline_ms=deadline_ms,
+                escalations=cont.escalations if cont is not None else 0,
+            )
+            for approval in ctx.approvals:
+                request = ApprovalRequest(
+                    intent_id=approval.intent.intent_id,
+                    entity_key=approval.intent.entity_key,
+                    channel=approval.channel,
+                    args_json=approval.intent.args_json,
+                    created_at_ms=now,
+                    expires_at_ms=approval.intent.expires_at_ms,
+                    deadline_ms=deadline_ms,
+                )
+                emits.append(
+                    Emit(record_id=request.intent_id, topic=APPROVAL_REQUESTS, key=key, value=encode(request))
+                )
+            metrics.SUSPENSIONS.inc()
+        else:
+            pending = {}
+            # Fire-and-forget intents, and those the agent stopped waiting for: their results
+            # are expected and acknowledged, not dead-lettered.
+            settled += [*still_waiting, *(i.intent_id for i in ctx.intents)]
+            emits.append(Emit(record_id=ids.output_id(key, seq), topic=OUTPUT, key=key, value=outcome.output))
+
+        memory_blob = ctx.memory.to_blob()
+        metrics.ACTIVATIONS.labels("resume" if resume is not None else "start").inc()
+        metrics.ACTIVATION_MS.observe(wall_ms)
+        metrics.OVERHEAD_MS.observe(max(0.0, wall_ms - ctx.stats.llm_ms - ctx.stats.tool_ms))
+        metrics.MEMORY_BYTES.observe(ctx.memory.total_bytes)
+        metrics.TOOL_CALLS.inc(ctx.stats.tool_calls)
+        if soft_cap_hit:
+            metrics.MEMORY_SOFT_CAP_WARNINGS.inc()
+        next_state = struct_replace(
+            state,
+            seq=state.seq + 1,
+            memory=memory_blob,
+            continuation=continuation,
+            llm_cache=ctx._cache.entries(),
+            pending=pending,
+            settled_intents=_kept_settled(state.settled_intents, settled),
+        )
+        return _Committed(next_state, emits)
+
+    async def _on_timer(
+        self, record: InputRecord, fired: TimerFired, state: KeyState, key: bytes
+    ) -> Decision:
+        """A timer fire: stale or early fires change nothing; a due TTL collects the key's
+        state; a due HITL timer runs the fail-closed policy (see service/keylane/authoring/hitl.py)."""
+        armed = state.timers.get(fired.kind)
+        now = self.clock()
+        if armed is None or armed.token != fired.token or now < armed.deadline_ms:
+            metrics.TIMERS_IGNORED.inc()
+            return Decision(None, [])
+        metrics.TIMERS_FIRED.labels(fired.kind).inc()
+        key_text = key.decode()
+        if fired.kind == TTL:
+            # Collect everything but what keeps ids unique and redeliveries recognisable: a
+            # key that came back at seq 0 would re-mint its old intent and output ids.
+            emits = []
+            if state.continuation is not None:
+                detail = (
+                    f"state collected after {self.config.ttl_ms} ms idle "
+                    f"while suspended at seq {state.continuation.seq}"
+                )
+                emits.append(self._error(record, "ttl_wiped_suspension", detail, entity_key=key_text))
+                for queued in state.buffered:
+                    origin = _queued_record(queued, key)
+                    detail = "queued behind a suspension that TTL collected; the event was not run"
+                    emits.append(self._error(origin, "ttl_wiped_suspension", detail, entity_key=key_text))
+            tombstone = KeyState(
+                seq=state.seq, applied=_applied_with(state, record), settled_intents=state.settled_intents
+            )
+            return Decision(tombstone, emits)
+        cont = state.continuation
+        if cont is None or now < cont.deadline_ms:
+            return Decision(None, [])
+        policy = self.config.hitl_policy
+        context = FallbackContext(
+            entity_key=key,
+            seq=cont.seq,
+            pending_intent_ids=tuple(cont.pending_intent_ids),
+            escalations=cont.escalations,
+            snapshot=cont.snapshot,
+            deadline_ms=cont.deadline_ms,
+        )
+        try:
+            decision: TimeoutDecision | Exception = policy.decide(context)
+        except Exception as exc:  # noqa: BLE001 - a failing policy fails closed, the worker goes on
+            decision = exc
+        if isinstance(decision, Escalate):
+            intent_id = ids.intent_id(key, cont.seq, cont.step_index)
+            deadline_ms = now + decision.timeout_ms
+            request = ApprovalRequest(
+                intent_id=intent_id,
+                entity_key=key_text,
+                channel=decision.tool_name,
+                args_json=decision.args_json,
+                created_at_ms=now,
+                expires_at_ms=deadline_ms,
+                deadline_ms=deadline_ms,
+            )
+            pending = {
+                **state.pending,
+                intent_id: PendingIntent(
+                    intent_id=intent_id, tool=decision.tool_name, kind="approval", expires_at_ms=deadline_ms
+                ),
+            }
+            escalated = struct_replace(
+                cont,
+                step_index=cont.step_index + 1,
+                pending_intent_ids=[*cont.pending_intent_ids, intent_id],
+                deadline_ms=deadline_ms,
+                escalations=cont.escalations + 1,
+            )
+            emits = [Emit(record_id=intent_id, topic=APPROVAL_REQUESTS, key=key, value=encode(request))]
+            next_state = struct_replace(state, continuation=escalated, pending=pending)
+            return self._commit(next_state, record, emits, key)
+        if isinstance(decision, Deny):
+            emits = [
+                Emit(record_id=ids.output_id(key, cont.seq), topic=OUTPUT, key=key, value=decision.output)
+            ]
+        else:
+            detail = (
+                f"policy raised {decision!r}" if isinstance(decision, Exception) else "dropped by policy"
+            ) + f"; deadline {cont.deadline_ms}, pending {cont.pending_intent_ids}"
+            emits = [self._error(record, "hitl_timeout", detail, entity_key=key_text)]
+        next_state = struct_replace(state, continuation=None, pending={})
+        if next_state.buffered:
+            next_state, drained = await self._drain_buffered(next_state, key, record, emits)
+            emits.extend(drained)
+        return self._commit(next_state, record, emits, key)
+
+    async def _drain_buffered(
+        self, state: KeyState, key: bytes, record: InputRecord, before: list[Emit]
+    ) -> tuple[KeyState, list[Emit]]:
+        """Run the events queued behind a suspension that just ended, in arrival order.
+
+        Stops (keeping the rest queued) as soon as one of them suspends again. A queued
+        event whose activation fails becomes an error record, like any other; so does one
+        whose activation would take the state ``record`` commits (``before`` and what the
+        drain produced so far in its outbox) past the key's limit (``state_too_large``).
+        """
+        emits: list[Emit] = []
+        while state.buffered and state.continuation is None:
+            head, rest = state.buffered[0], state.buffered[1:]
+            state = struct_replace(state, buffered=rest)
+            origin = _queued_record(head, key)
+            try:
+                committed = await self._activate(state, key, event=head.payload, record=origin)
+            except ActivationFailed as exc:
+                emits.append(self._error(origin, exc.reason, exc.detail, entity_key=key.decode()))
+                continue
+            staged = self._advance(committed.state, record, [*before, *emits, *committed.emits])
+            if self._seal(staged, key) is None:
+                metrics.STATE_OVER_LIMIT.inc()
+                detail = self._over_limit(staged, key)
+                emits.append(self._error(origin, "state_too_large", detail, entity_key=key.decode()))
+                continue
+            state = committed.state
+            emits.extend(committed.emits)
+        return state, emits
+
+    def _commit(self, state: KeyState, record: InputRecord, emits: list[Emit], key: bytes) -> Decision:
+        """The decision that commits ``state`` for ``record`` with ``emits`` in its outbox, or,
+        when that state does not fit the key's limit, one that fails ``record`` as
+        ``state_too_large`` and changes nothing."""
+        staged = self._advance(state, record, emits)
+        sealed = self._seal(staged, key)
+        if sealed is None:
+            metrics.STATE_OVER_LIMIT.inc()
+            detail = self._over_limit(staged, key)
+            return Decision(None, [self._error(record, "state_too_large", detail, entity_key=key.decode())])
+        return self._decided(state, staged, *sealed, emits)
+
+    def _decided(
+        self, before: KeyState, staged: KeyState, state: KeyState, blob: bytes, emits: list[Emit]
+    ) -> Decision:
+        """The decision writing ``state`` (``staged`` sealed) in place of ``before``."""
+        # Delivered ids are forgotten only once the outbox that held them is replaced.
+        self._delivered.difference_update(o.record_id for o in before.outbox)
+        trimmed = len(staged.llm_cache) - len(state.llm_cache)
+        if trimmed:
+            metrics.STATE_CACHE_TRIMMED.inc(trimmed)
+        metrics.STATE_BYTES.observe(len(blob))
+        return Decision(state, emits, blob=blob)
+
+    def _seal(self, state: KeyState, key: bytes) -> tuple[KeyState, bytes] | None:
+        return seal(state, self.state_limit(key))
+
+    def _over_limit(self, state: KeyState, key: bytes) -> str:
+        return over_limit(state, self.state_limit(key))
+
+    def _advance(
+        self,
+        state: KeyState,
+        record: InputRecord,
+        emits: list[Emit],
+        *,
+        extra_buffered: tuple[BufferedEvent, ...] = (),
+    ) -> KeyState:
+        """Record the input as applied and stage its emits in the outbox, dropping settled ones.
+
+        An outbox entry is settled when this process saw it delivered, or when it was not
+        published by this process and its input came earlier in the same identity stream:
+        this process read the stream past it without redelivering it, so that input's offset
+        was committed, and Faust flushes the producer before every offset commit. Pure: the
+        caller forgets delivered ids only when it commits the result (``_decided``).
+        """
+        kept = [o for o in state.outbox if not self._settled(o, record)]
+        stream, offset = record.identity
+        outbox = kept + [
+            OutboxRecord(
+                record_id=e.record_id,
+                topic=e.topic,
+                key=e.key,
+                value=e.value,
+                origin_topic=record.topic,
+                origin_offset=offset,
+                origin_stream=stream,
+                label=e.error_reason,
+            )
+            for e in emits
+        ]
+        advanced = struct_replace(
+            state,
+            applied=_applied_with(state, record),
+            outbox=outbox,
+            buffered=[*state.buffered, *extra_buffered],
+        )
+        return arm(advanced, ttl_ms=self.config.ttl_ms, now_ms=self.clock())
+
+    def _settled(self, entry: OutboxRecord, record: InputRecord) -> bool:
+        if entry.record_id in self._delivered:
+            return True
+        if entry.record_id in self._in_flight:
+            return False
+        stream, offset = record.identity
+        if entry.origin_stream:
+            return entry.origin_stream == stream and entry.origin_offset < offset
+        return record.origin is None and entry.origin_topic == record.topic and entry.origin_offset < offset
+
+    def _error(
+        self,
+        record: InputRecord,
+        reason: str,
+        detail: str,
+        *,
+        entity_key: str | None = None,
+        intent_id: str | None = None,
+    ) -> Emit:
+        return error_emit(
+            record, reason, detail, now_ms=self.clock(), entity_key=entity_key, intent_id=intent_id
+        )
+
+    def _orphan(self, record: InputRecord, detail: str, intent_id: str, entity_key: str) -> Emit:
+        emit = self._error(record, "orphaned_result", detail, entity_key=entity_key, intent_id=intent_id)
+        return replace(emit, error_reason=None, orphan_detail=detail.split(":", 1)[0])
+
+
+_MAX_TRACKED = 100_000
+_NO_MEMORY = MemoryBlob()
+
+
+def _queued_record(queued: BufferedEvent, key: bytes) -> InputRecord:
+    """The input record a queued event came from, for its activation or its error record."""
+    return InputRecord(
+        topic=queued.origin_topic,
+        broker_topic=queued.origin_broker_topic,
+        partition=queued.origin_partition,
+        offset=queued.origin_offset,
+        key=key,
+        value=queued.value,
+        origin=queued.copy_of,
+    )
+
+
+def _applied_offset(state: KeyState, record: InputRecord) -> int | None:
+    """The last offset the key applied from ``record``'s identity stream, if any."""
+    stream, _ = record.identity
+    last = state.applied.get(stream)
+    if last is None and record.origin is None:
+        last = state.applied.get(record.topic)  # a blob from before identity streams
+    return last
+
+
+def _applied_with(state: KeyState, record: InputRecord) -> dict[str, int]:
+    """``state.applied`` with ``record`` applied (replacing a pre-stream entry of its topic)."""
+    stream, offset = record.identity
+    applied = {k: v for k, v in state.applied.items() if record.origin is not None or k != record.topic}
+    applied[stream] = offset
+    return applied
+
+
+def _forget_stream(state: KeyState, record: InputRecord) -> KeyState:
+    stream, _ = record.identity
+    applied = {k: v for k, v in state.applied.items() if k not in (stream, record.topic)}
+    return struct_replace(state, applied=applied)
+
+
+def _from_input(entry: OutboxRecord, record: InputRecord) -> bool:
+    """Whether an outbox entry was staged by ``record`` (any copy of it)."""
+    stream, offset = record.identity
+    if entry.origin_stream:
+        return entry.origin_stream == stream and entry.origin_offset == offset
+    return record.origin is None and entry.origin_topic == record.topic and entry.origin_offset == offset
+
+
+def _kept_settled(kept: list[str], new: list[str]) -> list[str]:
+    if not new:
+        return kept
+    return [*kept, *new][-SETTLED_INTENTS_KEPT:]
+
+
+def _emit_of(record: OutboxRecord) -> Emit:
+    return Emit(
+        record_id=record.record_id,
+        topic=record.topic,
+        key=record.key,
+        value=record.value,
+        error_reason=record.label,
+    )

@@ -1,0 +1,125 @@
+"""The per-key replay cache (the LLM_CACHE cell): a model call answered once per activation.
+
+Entries are keyed by :func:`keylane.llm.types.cache_key`, which includes the physical key
+and the activation's seq, so a hit means "this activation asked exactly this before": the
+resume of a suspended activation, or a repeated request. Limits, applied on every put:
+
+* at most 64 entries, least recently used evicted first (get and put both refresh);
+* 6 h time to live from creation (an entry exactly 6 h old is still live);
+* 100 KiB for the cell, counted as the sum of its entries' encoded sizes: least recently
+  used entries are evicted while more than one remains and the cell is over; a single
+  response that cannot fit even alone is stored digest-only (its sha256, no body), and a
+  lookup treats it as a miss.
+
+Each entry's size is computed once, when it is inserted, and the TTL scan runs only when
+the oldest entry can have expired: a put costs the same with 1 or 64 entries in the cell.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from keylane.core.state import CacheEntry, encoded_size
+from keylane.llm.types import LlmResponse
+
+MAX_ENTRIES = 64
+TTL_MS = 6 * 60 * 60 * 1000
+MAX_BYTES = 100 * 1024
+
+
+class ReplayCache:
+    """A staged copy of one key's LLM_CACHE cell, most recently used last."""
+
+    def __init__(self, entries: list[CacheEntry]) -> None:
+        self._committed = entries
+        self._loaded = False
+        self._entries: dict[str, CacheEntry] = {}
+        self._bytes = 0
+        self._oldest_ms: int | None = None
+        self.dirty = False
+
+    def _load(self) -> None:
+        """Index the committed cell on first use: activations that never call a model skip it."""
+        self._loaded = True
+        for entry in self._committed:
+            self._entries[entry.cache_key] = entry
+            self._bytes += entry.size
+            if self._oldest_ms is None or entry.created_ms < self._oldest_ms:
+                self._oldest_ms = entry.created_ms
+
+    def get(self, cache_key: str, *, now_ms: int) -> LlmResponse | None:
+        """The cached response, or None on a miss (absent, expired or digest-only)."""
+        if not self._loaded:
+            self._load()
+        entry = self._entries.get(cache_key)
+        if entry is None:
+            return None
+        if now_ms - entry.created_ms > TTL_MS:
+            self._drop(cache_key)
+            self.dirty = True
+            return None
+        self._entries[cache_key] = self._entries.pop(cache_key)  # most recently used
+        self.dirty = True
+        if entry.digest_only:
+            return None
+        return LlmResponse(
+            response=entry.response,
+            model_id=entry.model_id,
+            prompt_tokens=entry.prompt_tokens,
+            completion_tokens=entry.completion_tokens,
+            cached=True,
+        )
+
+    def put(self, cache_key: str, response: LlmResponse, *, now_ms: int) -> None:
+        """Insert or refresh an entry, then enforce TTL, count and size limits."""
+        if not self._loaded:
+            self._load()
+        entry = _sized(
+            CacheEntry(
+                cache_key=cache_key,
+                response=response.response,
+                digest=hashlib.sha256(response.response).hexdigest(),
+                created_ms=now_ms,
+                model_id=response.model_id,
+                prompt_tokens=response.prompt_tokens,
+                completion_tokens=response.completion_tokens,
+            )
+        )
+        if entry.size > MAX_BYTES:
+            entry = _sized(
+                CacheEntry(
+                    cache_key=cache_key,
+                    response=b"",
+                    digest=entry.digest,
+                    created_ms=now_ms,
+                    digest_only=True,
+                    model_id=entry.model_id,
+                )
+            )
+        if cache_key in self._entries:
+            self._drop(cache_key)
+        self._entries[cache_key] = entry
+        self._bytes += entry.size
+        if self._oldest_ms is None or now_ms < self._oldest_ms:
+            self._oldest_ms = now_ms
+        if now_ms - self._oldest_ms > TTL_MS:
+            for key in [k for k, e in self._entries.items() if now_ms - e.created_ms > TTL_MS]:
+                self._drop(key)
+            self._oldest_ms = min((e.created_ms for e in self._entries.values()), default=None)
+        while len(self._entries) > MAX_ENTRIES:
+            self._drop(next(iter(self._entries)))
+        while len(self._entries) > 1 and self._bytes > MAX_BYTES:
+            self._drop(next(iter(self._entries)))
+        self.dirty = True
+
+    def _drop(self, cache_key: str) -> None:
+        self._bytes -= self._entries.pop(cache_key).size
+
+    def entries(self) -> list[CacheEntry]:
+        """The staged cell, least recently used first."""
+        return list(self._entries.values()) if self._loaded else self._committed
+
+
+def _sized(entry: CacheEntry) -> CacheEntry:
+    entry.size = encoded_size(entry)
+    return entry

@@ -1,0 +1,257 @@
+"""Per-key state: the five cells (MEMORY, CONTINUATION, LLM_CACHE, PENDING, SEQ) in one record.
+
+All of a key's cells are encoded into one KeyState blob and written with one table
+assignment, which Faust turns into one changelog record. A crash therefore leaves a key
+either before or after an activation, never between: there is no second record to lose.
+
+Next to the five cells the record keeps what redelivery safety needs:
+
+* ``applied``: the last input offset applied per identity stream (``"<topic>/<partition>"``
+  of the original record, see ``InputRecord.identity``), so a redelivered input, or another
+  copy of it at a new offset, is recognised and not run again under a new seq. Blobs written
+  before streams keyed this by logical topic name; those entries are read for originals and
+  replaced on the key's next commit;
+* ``outbox``: the records a committed activation staged (outputs, intents, errors), until
+  their delivery is confirmed; a redelivered input re-publishes its own entries;
+* ``buffered``: events that arrived while the key was suspended, run after the suspension;
+  each is stored once, as the record value that was sent (the agent's payload is decoded
+  from it when the event runs), and the runtime caps them per key (AgentConfig's
+  ``max_buffered_events`` / ``max_buffered_bytes``);
+* ``timers``: the key's armed HITL and TTL timers (deadline and token), so a timer lives and
+  moves with the key's partition;
+* ``settled_intents``: the ids of the key's last SETTLED_INTENTS_KEPT intents that nobody
+  waits for any more (resumed, or emitted by an activation that completed), so their late or
+  repeated results are acknowledged instead of dead-lettered.
+
+Encoding: msgpack with field names (msgspec), never pickle. ``state_schema_version`` is on
+every blob and ``encode_state`` always writes the current one; a blob from a newer version
+is refused (StateFromTheFuture) rather than guessed. tests/unit/test_state_golden.py pins
+the bytes of a reference blob for every version this code reads:
+
+* 1: the first layout;
+* 2: identity streams in ``applied``, ``OutboxRecord.origin_stream``, ``BufferedEvent.copy_of``,
+  ``settled_intents`` (fields with defaults: a v1 blob decodes as is);
+* 3: ``BufferedEvent.payload`` is gone (it repeated what ``value`` holds). A v1 or v2 blob
+  still decodes: its ``payload`` entries are ignored and the payload is decoded from
+  ``value``, which every version wrote as the envelope that was delivered.
+
+The whole blob must fit in one changelog record: the runtime checks every state it commits
+against the key's limit (see service/keylane/core/activation.py, ``KeyRuntime.state_limit``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from keylane.errors import KeylaneError
+from keylane.wire import AgentEnvelope, TimerKind, decode
+
+STATE_SCHEMA_VERSION = 3
+SETTLED_INTENTS_KEPT = 128
+
+IntentKind = Literal["tool", "approval"]
+
+
+class StateFromTheFuture(KeylaneError):
+    """A state blob written by a newer keylane. Fatal: roll the worker forward, do not guess."""
+
+
+class CorruptState(KeylaneError):
+    """A state blob that does not decode. Fatal: the key's history is needed to go on."""
+
+
+class MemoryEntry(msgspec.Struct, kw_only=True):
+    """One memory value: a scalar, or a ring (a bounded list, oldest first)."""
+
+    value: Any
+    ring: bool = False
+    last_access_ms: int = 0
+
+
+class MemoryBlob(msgspec.Struct, kw_only=True):
+    """The MEMORY cell."""
+
+    entries: dict[str, MemoryEntry] = msgspec.field(default_factory=dict)
+
+
+class PendingIntent(msgspec.Struct, kw_only=True):
+    """An emitted intent awaiting its result or decision (the PENDING cell's entries)."""
+
+    intent_id: str
+    tool: str
+    kind: IntentKind = "tool"
+    expires_at_ms: int = 0
+
+
+class Continuation(msgspec.Struct, kw_only=True):
+    """The CONTINUATION cell: a suspended activation waiting for results or approvals."""
+
+    seq: int
+    step_index: int
+    pending_intent_ids: list[str]
+    snapshot: bytes = b""
+    suspended_at_ms: int = 0
+    deadline_ms: int = 0
+    escalations: int = 0
+
+
+class CacheEntry(msgspec.Struct, kw_only=True):
+    """One replay-cache entry. ``digest_only`` entries keep only the sha256 of a response too
+    large to store; a lookup treats them as a miss."""
+
+    cache_key: str
+    response: bytes
+    digest: str
+    created_ms: int
+    digest_only: bool = False
+    model_id: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    size: int = 0  # encoded bytes of this entry, computed once at insert (the cap sums these)
+
+
+class OutboxRecord(msgspec.Struct, kw_only=True):
+    """A record staged by a committed activation, kept until its delivery is confirmed."""
+
+    record_id: str
+    topic: str  # logical catalog name, e.g. "agent.output"
+    key: bytes
+    value: bytes
+    origin_topic: str
+    origin_offset: int
+    label: str | None = None  # the error reason of an agent.errors record, for its metric
+    origin_stream: str = ""  # the input's identity stream (InputRecord.identity); "" before v1.1
+
+
+class BufferedEvent(msgspec.Struct, kw_only=True):
+    """An event that arrived while the key was suspended: the record as it was delivered.
+
+    Stored once: ``value`` is the raw record value (the envelope), which an error record
+    carries as the input's raw bytes and from which ``payload`` (the agent's ``ctx.event``)
+    is decoded when the event runs. Schema versions 1 and 2 also stored that payload;
+    decoding their blobs drops it.
+    """
+
+    value: bytes
+    origin_topic: str  # logical catalog name
+    origin_broker_topic: str
+    origin_partition: int
+    origin_offset: int
+    copy_of: tuple[str, int, int] | None = None  # the original's position when this was a copy
+
+    @property
+    def payload(self) -> bytes:
+        """What the agent sees as ``ctx.event``, decoded from ``value`` (not stored: it
+        decoded when the event arrived, so it decodes again)."""
+        return decode(self.value, AgentEnvelope).payload_bytes()
+
+
+class ArmedTimer(msgspec.Struct, kw_only=True):
+    """A durable per-key timer: fire at ``deadline_ms``; a fire carrying another token is stale."""
+
+    deadline_ms: int
+    token: str
+
+
+class KeyState(msgspec.Struct, kw_only=True):
+    """Everything keylane keeps for one physical key, committed as one record."""
+
+    state_schema_version: int = STATE_SCHEMA_VERSION
+    seq: int = 0
+    memory: MemoryBlob = msgspec.field(default_factory=MemoryBlob)
+    continuation: Continuation | None = None
+    llm_cache: list[CacheEntry] = msgspec.field(default_factory=list)
+    pending: dict[str, PendingIntent] = msgspec.field(default_factory=dict)
+    applied: dict[str, int] = msgspec.field(default_factory=dict)
+    outbox: list[OutboxRecord] = msgspec.field(default_factory=list)
+    buffered: list[BufferedEvent] = msgspec.field(default_factory=list)
+    timers: dict[TimerKind, ArmedTimer] = msgspec.field(default_factory=dict)
+    settled_intents: list[str] = msgspec.field(default_factory=list)
+
+
+class _VersionProbe(msgspec.Struct):
+    state_schema_version: int = 0
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(KeyState)
+_probe = msgspec.msgpack.Decoder(_VersionProbe)
+
+
+def encode_state(state: KeyState) -> bytes:
+    """The blob committed to the table for one key, always in the current schema version
+    (a state decoded from an older blob is written back as the current version)."""
+    if state.state_schema_version != STATE_SCHEMA_VERSION:
+        state = msgspec.structs.replace(state, state_schema_version=STATE_SCHEMA_VERSION)
+    return _encoder.encode(state)
+
+
+def decode_state(blob: bytes | None) -> KeyState:
+    """A key's state; a fresh KeyState for a key never seen (or wiped)."""
+    if not blob:
+        return KeyState()
+    try:
+        version = _probe.decode(blob).state_schema_version
+    except msgspec.DecodeError as exc:
+        raise CorruptState(f"state blob does not decode: {exc}") from exc
+    if version > STATE_SCHEMA_VERSION:
+        raise StateFromTheFuture(
+            f"state blob has schema version {version}, this keylane reads up to {STATE_SCHEMA_VERSION}; "
+            "deploy the newer keylane"
+        )
+    try:
+        return _decoder.decode(blob)
+    except msgspec.DecodeError as exc:
+        raise CorruptState(f"state blob does not decode: {exc}") from exc
+
+
+def encode_memory(memory: MemoryBlob) -> bytes:
+    """The MEMORY cell alone (its size is what memory_bytes reports)."""
+    return _encoder.encode(memory)
+
+
+def encoded_size(value: Any) -> int:
+    """Bytes of one memory value as stored."""
+    return len(_encoder.encode(value))
+
+
+def seal(state: KeyState, limit: int) -> tuple[KeyState, bytes] | None:
+    """``state`` and its blob if they fit in ``limit`` bytes, dropping replay-cache entries,
+    least recently used first, as far as needed; None if it does not fit even without them.
+
+    The cache is the one cell that is safe to lose (a dropped entry costs at most one repeated
+    model call); memory, outbox, queued events and bookkeeping are never trimmed here.
+    """
+    blob = encode_state(state)
+    if len(blob) <= limit:
+        return state, blob
+    cache = list(state.llm_cache)  # most recently used last
+    excess = len(blob) - limit
+    while cache:
+        while cache and excess > 0:  # entry sizes are estimates: drop what they say, then measure
+            excess -= cache.pop(0).size or 1
+        blob = encode_state(msgspec.structs.replace(state, llm_cache=cache))
+        excess = len(blob) - limit
+        if excess <= 0:
+            return msgspec.structs.replace(state, llm_cache=cache), blob
+    return None
+
+
+def over_limit(state: KeyState, limit: int) -> str:
+    """Why ``state`` does not fit in ``limit`` bytes, cell by cell, and what to do about it."""
+    cells = {
+        "memory": state.memory,
+        "replay cache": state.llm_cache,
+        "outbox": state.outbox,
+        "queued events": state.buffered,
+        "continuation": state.continuation,
+    }
+    sizes = ", ".join(f"{name} {encoded_size(cell)}" for name, cell in cells.items())
+    return (
+        f"the key's next state would take {len(encode_state(state))} bytes ({sizes}), over its "
+        f"limit of {limit} even without its replay cache; keep less per key (memory, snapshots, "
+        "outputs), or raise the limit: the changelog topic's max.message.bytes with the worker's "
+        "producer limit (docs/runtime.md)"
+    )

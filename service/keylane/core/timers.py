@@ -1,0 +1,138 @@
+"""Durable per-key timers: armed in the key's state, found by a worker-local index, fired
+through agent.timers into the key's own lane.
+
+Faust has no per-key timers, so keylane builds them from parts that survive a crash and
+move with a partition:
+
+1. the deadline and a token live in the key's KeyState (``timers``), committed with it;
+2. each worker keeps an in-memory TimerIndex of the keys in its active partitions, rebuilt
+   from the table after every rebalance and updated on every commit;
+3. a scan sends a TimerFired command for each due timer to agent.timers, in the key's own
+   partition, so the key's lane applies it in order with the key's other inputs;
+4. the lane ignores a fire whose token no longer matches (the state moved on) or that comes
+   before the deadline; a fire lost in a crash is sent again by the next owner's scan.
+
+Two kinds: ``hitl`` (a suspension's deadline) and ``ttl`` (garbage collection: re-armed by
+every input, counted from the deadline while suspended). A TTL collection keeps a tombstone
+(the seq counter and applied offsets), so a key that comes back never re-mints old ids.
+
+A fire that was sent but did not move the key's timer on (lost, or applied as early after
+a clock step) is sent again RESEND_AFTER_MS later; the lane's token check makes repeats
+harmless.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+from msgspec.structs import replace
+
+from keylane.core.state import ArmedTimer, KeyState
+from keylane.wire import TimerKind
+
+RESEND_AFTER_MS = 30_000
+HITL: TimerKind = "hitl"
+TTL: TimerKind = "ttl"
+
+
+def timer_token(kind: str, seq: int, deadline_ms: int) -> str:
+    """Deterministic, so replaying an input arms the same timer."""
+    return f"{kind}:{seq}:{deadline_ms}"
+
+
+def arm(state: KeyState, *, ttl_ms: int, now_ms: int) -> KeyState:
+    """The state with its timers set for what it is now: HITL at the suspension's deadline
+    (if suspended), TTL at max(now, deadline) + ttl."""
+    timers: dict[TimerKind, ArmedTimer] = {}
+    cont = state.continuation
+    ttl_from = now_ms
+    if cont is not None:
+        timers[HITL] = ArmedTimer(
+            deadline_ms=cont.deadline_ms, token=timer_token(HITL, state.seq, cont.deadline_ms)
+        )
+        ttl_from = max(now_ms, cont.deadline_ms)
+    ttl_deadline = ttl_from + ttl_ms
+    timers[TTL] = ArmedTimer(deadline_ms=ttl_deadline, token=timer_token(TTL, state.seq, ttl_deadline))
+    return replace(state, timers=timers)
+
+
+COMPACT_FACTOR = 4  # a key has at most two timers, each with a pending and a resend entry
+COMPACT_SLACK = 1024
+
+
+class TimerIndex:
+    """Which keys of this worker's partitions have timers, and when they are due.
+
+    Derived from committed states only, so it can always be rebuilt from the table.
+    """
+
+    def __init__(self) -> None:
+        self._by_key: dict[bytes, dict[TimerKind, ArmedTimer]] = {}
+        self._heap: list[tuple[int, bytes, TimerKind, str]] = []
+        self._sent: dict[tuple[bytes, str], int] = {}  # (key, token) -> when it was sent
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def update(self, key: bytes, state: KeyState | None) -> None:
+        """Record a key's committed timers (None: the key was deleted)."""
+        timers = dict(state.timers) if state is not None else {}
+        for kind, old in self._by_key.get(key, {}).items():
+            if timers.get(kind) != old:
+                self._sent.pop((key, old.token), None)
+        previous = self._by_key.get(key, {})
+        if timers:
+            self._by_key[key] = timers
+            for kind, timer in timers.items():
+                if previous.get(kind) != timer:
+                    heapq.heappush(self._heap, (timer.deadline_ms, key, kind, timer.token))
+        else:
+            self._by_key.pop(key, None)
+        # Every commit re-arms a key's TTL, leaving its old entry behind until that deadline:
+        # without compaction the heap grows with commits, not with keys.
+        if len(self._heap) > COMPACT_FACTOR * len(self._by_key) + COMPACT_SLACK:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop superseded entries: keep only those whose token is still armed."""
+        self._heap = [
+            entry
+            for entry in self._heap
+            if (armed := self._by_key.get(entry[1], {}).get(entry[2])) is not None and armed.token == entry[3]
+        ]
+        heapq.heapify(self._heap)
+
+    def rebuild(self, states: Iterable[tuple[bytes, KeyState]]) -> None:
+        """Start over from the committed states of the partitions this worker now owns."""
+        self._by_key.clear()
+        self._heap.clear()
+        self._sent.clear()
+        for key, state in states:
+            self.update(key, state)
+
+    def due(self, now_ms: int) -> list[tuple[bytes, TimerKind, ArmedTimer]]:
+        """Timers at or past their deadline, each returned once per token — and again every
+        RESEND_AFTER_MS while its key's committed state still holds that token."""
+        due = []
+        later: list[tuple[int, bytes, TimerKind, str]] = []
+        while self._heap and self._heap[0][0] <= now_ms:
+            _, key, kind, token = heapq.heappop(self._heap)
+            current = self._by_key.get(key, {}).get(kind)
+            if current is None or current.token != token:
+                continue  # superseded since it was pushed
+            sent_at = self._sent.get((key, token))
+            if sent_at is not None and now_ms - sent_at < RESEND_AFTER_MS:
+                later.append((sent_at + RESEND_AFTER_MS, key, kind, token))
+                continue
+            self._sent[(key, token)] = now_ms
+            due.append((key, kind, current))
+            later.append((now_ms + RESEND_AFTER_MS, key, kind, token))
+        for entry in later:
+            heapq.heappush(self._heap, entry)
+        return due
+
+    def resend(self, key: bytes, kind: TimerKind, timer: ArmedTimer) -> None:
+        """Put a fire back (its send failed); the next scan sends it again."""
+        self._sent.pop((key, timer.token), None)
+        heapq.heappush(self._heap, (timer.deadline_ms, key, kind, timer.token))

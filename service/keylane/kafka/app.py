@@ -1,0 +1,133 @@
+"""Builds the faust.App for a worker from Settings and the topic catalog; wiring only."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import faust
+from mode.utils.times import want_seconds
+
+from keylane.catalog import EVENTS, Catalog
+from keylane.config import Settings
+from keylane.kafka.topic_admin import admin_client, ensure_topic
+
+log = logging.getLogger(__name__)
+
+ACKS_ALL = -1  # Faust's spelling of acks=all: every in-sync replica has the record
+PRODUCE_TIMEOUT_S = 120.0
+"""How long the producer keeps retrying a record (a leader moving, NOT_ENOUGH_REPLICAS) before
+it gives up: the Java client's delivery.timeout.ms default. A record that fails after that
+crashes the worker with its input uncommitted (service/keylane/kafka/delivery.py); Faust's own
+default, 20 minutes, would keep a partition silently stuck behind it that long."""
+
+
+def max_request_bytes(catalog: Catalog) -> int:
+    """The producer's max request size: the largest ``max_message_bytes`` in the catalog, so
+    the producer sends any record a topic takes (Faust's default, 1,000,000 bytes, is below
+    the catalog's 2 MiB). Each record is still checked against its own topic's limit before
+    it is handed over (service/keylane/kafka/delivery.py)."""
+    return max(spec.max_message_bytes for spec in catalog)
+
+
+def faust_broker_url(settings: Settings) -> str:
+    """Faust's broker URL list for the settings' bootstrap servers."""
+    return ";".join(f"kafka://{server}" for server in settings.bootstrap_list)
+
+
+def build_app(settings: Settings, catalog: Catalog, *, partitions: int | None = None) -> faust.App:
+    """A Faust app whose internal topics match the catalog's co-partitioning.
+
+    Faust creates changelog topics with ``topic_partitions`` partitions and writes a table
+    entry into the partition of the current event, so that count must equal the source
+    topics' count; it is taken from the catalog, never from Faust's default of 8.
+
+    Replication: the app's producer (outputs, intents, results, changelog records) uses
+    acks=all. Faust does not create topics: its own creation path asks the first broker in
+    its metadata for the controller and crashes the worker at start-up when that broker was
+    just killed, and a topic it has just created may be missing from the consumer's
+    metadata for 5 minutes (every table write then fails with PartitionsMismatch). Each
+    table creates its changelog through keylane's admin client instead (retrying past a
+    dead broker, waiting until every broker knows the topic), with agent.events'
+    replication factor and ``min.insync.replicas``; the leader topic, which keylane does not
+    use, is not created at all.
+    """
+    co_partitions = partitions or catalog[EVENTS].partitions
+    replication = catalog[EVENTS]  # changelogs replicate like the topics they mirror
+    app = faust.App(
+        settings.app_id,
+        broker=faust_broker_url(settings),
+        store="rocksdb://",  # runs on rocksdict when it is installed; "rocksdict://" is broken
+        datadir=str(settings.data_dir),
+        topic_partitions=co_partitions,
+        topic_replication_factor=replication.replication_factor,
+        producer_acks=ACKS_ALL,
+        producer_max_request_size=max_request_bytes(catalog),
+        producer_request_timeout=PRODUCE_TIMEOUT_S,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
+        web_enabled=False,
+        autodiscover=False,
+        Table=_replicated_table(settings, replication.min_insync_replicas, max_request_bytes(catalog)),
+        topic_allow_declare=False,  # tables create their changelogs themselves, see above
+        topic_disable_leader=True,  # no app.is_leader() or on_leader timers in keylane
+    )
+    # Faust lets PRODUCER_ACKS / TOPIC_REPLICATION_FACTOR in the environment win over the
+    # arguments above; keylane's no-loss guarantee rests on these two, so they are pinned.
+    app.conf.producer_acks = ACKS_ALL
+    app.conf.topic_replication_factor = replication.replication_factor
+    app.conf.topic_allow_declare = False
+    app.conf.topic_disable_leader = True
+    # Likewise PRODUCER_MAX_REQUEST_SIZE / PRODUCER_REQUEST_TIMEOUT: the size checks and the
+    # delivery confirmation (service/keylane/kafka/delivery.py) are computed from these two.
+    app.conf.producer_max_request_size = max_request_bytes(catalog)
+    app.conf.producer_request_timeout = PRODUCE_TIMEOUT_S
+    return app
+
+
+def changelog_record_limit(app: faust.App, catalog: Catalog) -> int:
+    """The most bytes one changelog record may take: what the producer sends and what the
+    changelog topic (created with ``max.message.bytes`` = the producer's limit) accepts. The
+    runtime keeps every key's whole state blob under it (KeyRuntime.changelog_max_bytes)."""
+    return min(int(app.conf.producer_max_request_size), max_request_bytes(catalog))
+
+
+def _replicated_table(
+    settings: Settings, min_insync_replicas: int, max_message_bytes: int
+) -> type[faust.Table[Any, Any]]:
+    """Faust's Table whose changelog topic carries ``min.insync.replicas`` (a changelog write
+    counts once that many replicas have it) and ``max.message.bytes`` (the producer's limit:
+    the broker's default, about 1 MiB, is below a state blob the 1 MiB memory cap allows), and
+    is created by keylane's admin client when the table starts, before Faust reads its
+    metadata (see build_app)."""
+
+    class ReplicatedTable(faust.Table[Any, Any]):
+        def __init__(
+            self, app: faust.App, *, extra_topic_configs: dict[str, Any] | None = None, **kwargs: Any
+        ) -> None:
+            configs = {
+                "min.insync.replicas": str(min_insync_replicas),
+                "max.message.bytes": str(max_message_bytes),
+                **(extra_topic_configs or {}),
+            }
+            super().__init__(app, extra_topic_configs=configs, **kwargs)
+
+        async def on_start(self) -> None:
+            topic = self.changelog_topic
+            policies = [p for p, on in (("compact", topic.compacting), ("delete", topic.deleting)) if on]
+            configs = {str(k): str(v) for k, v in (topic.config or {}).items()}
+            if policies:
+                configs["cleanup.policy"] = ",".join(policies)
+            if topic.retention:
+                configs["retention.ms"] = str(int(want_seconds(topic.retention) * 1000))
+            async with admin_client(settings) as client:
+                await ensure_topic(
+                    client,
+                    name=topic.get_topic_name(),
+                    partitions=self.partitions or self.app.conf.topic_partitions,
+                    replication_factor=self.app.conf.topic_replication_factor,
+                    configs=configs,
+                )
+            await super().on_start()
+
+    return ReplicatedTable

@@ -1,0 +1,283 @@
+"""Delivery: no input counts as finished before Kafka confirmed every record it produced.
+
+Faust hands a record to its producer and forgets it: a send that fails after the hand-off
+(the broker refuses the record, the topic is gone, not enough in-sync replicas until the
+producer's request timeout) is logged as a warning, the delivery callback never fires, and
+the consumer commits the input's offset anyway, since its commit only flushes the producer.
+keylane closes that hole with one rule, kept simple on purpose:
+
+* **A unit of work confirms what it produced before it ends.** A lane job (one input
+  record) runs inside ``confirming(app)``; every record it hands to the producer through a
+  ``ConfirmedTopic`` (outputs, intents, errors, results, re-routed and sharded copies) and
+  every changelog record of a table passed to ``track_changelog`` (its state writes) is
+  collected, and the block ends only when Kafka has confirmed them all. The lane acks a
+  record, and the offset ledger may commit its offset, only after its job ended, so an
+  offset is never committed past a record whose produce is unconfirmed. Waiting costs a
+  record's lane one produce round trip; other keys and partitions keep going meanwhile,
+  and nothing else changes in how offsets are committed.
+* **A failure is final, and crashes the worker.** The producer already retries what can be
+  retried (leader moves, NOT_ENOUGH_REPLICAS) until its request timeout (PRODUCE_TIMEOUT_S in
+  service/keylane/kafka/app.py), so a failure that reaches keylane will not heal by itself. The first one
+  logs one CRITICAL line naming the record and its input, and crashes the app, which exits
+  non-zero; the failed job raises ``ProduceFailed``, so its record is neither acked nor
+  committed, and from then on every hand-off is refused, so no dead letter can "finish" a
+  record whose real output was lost. The restarted worker resumes from the last committed
+  offset and produces the records again (their ids are deterministic; the key's outbox makes
+  the re-run a redelivery).
+* **A record too large to produce is refused before the hand-off** (``RecordTooLarge``), by
+  the same size estimate the producer uses (key, value, headers and batch overhead) against
+  min(the producer's max request size, the topic's max.message.bytes in the catalog). The
+  Publisher turns such a record into a dead letter that fits (service/keylane/records.py).
+
+Changelog records of Faust tables go through Faust's producer buffer, not a ConfirmedTopic:
+``track_changelog`` makes the table's ``send_changelog`` (a public Table method) hand its
+future to the running unit of work as well, so a state write that Kafka refused stops its
+input from being committed and crashes the worker. A changelog send that never resolves
+(Faust's buffer task died on it) is caught by the confirmation timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import faust
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from faust.types import CodecArg, HeadersArg, RecordMetadata, SchemaT
+from faust.types.tuples import FutureMessage, MessageSentCallback
+
+from keylane.errors import KeylaneError
+from keylane.records import position_of
+
+log = logging.getLogger(__name__)
+
+CONFIRM_MARGIN_S = 30.0
+"""Waited beyond the producer's request timeout before an unconfirmed record counts as failed."""
+_GUARD_ATTR = "_keylane_delivery_guard"
+
+
+class ProduceFailed(KeylaneError):
+    """Fatal: Kafka did not take a record keylane handed to the producer. The worker stops
+    without committing the record's input and resumes from the last committed offset."""
+
+
+class RecordTooLarge(KeylaneError):
+    """Permanent: a record is over what its topic and keylane's producer take; it is refused
+    before the hand-off, and becomes a dead letter (``record_too_large``) instead."""
+
+    def __init__(self, *, topic: str, key: bytes | None, value: bytes | None, size: int, limit: int) -> None:
+        super().__init__(f"a {topic} record of {size} bytes is over the {limit}-byte limit")
+        self.topic = topic
+        self.key = key
+        self.value = value
+        self.size = size
+        self.limit = limit
+
+
+def record_size(key: bytes | None, value: bytes | None, headers: HeadersArg = None) -> int:
+    """An upper bound of the bytes one record takes in a produce request: key, value, headers
+    and the record batch's overhead, as aiokafka's own max_request_size check estimates it."""
+    items = list(headers.items()) if isinstance(headers, Mapping) else list(headers or [])
+    size: int = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, items)
+    return size
+
+
+class DeliveryGuard:
+    """One app's delivery state: topic size limits, and the first produce failure."""
+
+    def __init__(self, app: faust.App) -> None:
+        self.app = app
+        self.failure: ProduceFailed | None = None
+        self.exit_after_s: float | None = None
+        """Set by the process runner: after a produce failure the process exits (code 1)
+        this long after the crash began, if Faust's own shutdown has not ended it first."""
+        self._limits: dict[str, int] = {}
+        self._crash: asyncio.Future[None] | None = None
+
+    def set_limits(self, limits: Iterable[tuple[str, int]]) -> None:
+        """The max.message.bytes of topics by broker name (the catalog's, see Publisher)."""
+        self._limits.update(limits)
+
+    def limit(self, topic: str) -> int:
+        """The most bytes a record for ``topic`` may take: min(producer max request size, the
+        topic's max.message.bytes when known)."""
+        producer_max = int(self.app.conf.producer_max_request_size)
+        return min(producer_max, self._limits.get(topic, producer_max))
+
+    @property
+    def confirm_timeout_s(self) -> float:
+        return float(self.app.conf.producer_request_timeout) + CONFIRM_MARGIN_S
+
+    def check(self) -> None:
+        """Refuse new hand-offs once a produce failed: the worker is going down."""
+        if self.failure is not None:
+            raise ProduceFailed(f"not producing any more records: {self.failure}")
+
+    def fail(self, what: str, exc: BaseException | None) -> ProduceFailed:
+        """Record that ``what`` was not produced; the first failure logs the one CRITICAL line
+        and crashes the app. Returns the error for the caller to raise."""
+        if self.failure is not None:
+            log.debug("also not produced: %s (%r)", what, exc)
+            return ProduceFailed(f"{what} was not produced ({exc!r})")
+        self.failure = ProduceFailed(
+            f"{what} was not produced ({exc!r}); stopping the worker without committing that "
+            "input: once restarted it resumes from the last committed offset. Check the broker "
+            "and the topic (that it exists, its max.message.bytes, min.insync.replicas)"
+        )
+        log.critical("%s", self.failure)
+        self._crash = asyncio.ensure_future(self.app.crash(self.failure))
+        if self.exit_after_s is not None:
+            # Faust's shutdown after a crash can wait on streams for good ("Wait for
+            # streams..."); nothing is lost by cutting it short: the input is uncommitted.
+            exit_code = 1
+            watchdog = threading.Timer(self.exit_after_s, os._exit, args=(exit_code,))
+            watchdog.daemon = True
+            watchdog.start()
+        return self.failure
+
+    def track(self, what: str, delivery: asyncio.Future[Any]) -> None:
+        """Watch one handed-off record: a failure crashes the worker even if nobody waits for
+        it, and the running unit of work (``confirming``) waits for it."""
+        delivery.add_done_callback(lambda done: self._on_done(what, done))
+        work = _work.get(None)
+        if work is not None:
+            work.append((what, delivery))
+
+    def _on_done(self, what: str, delivery: asyncio.Future[Any]) -> None:
+        error = _error_of(delivery)
+        if error is not None:
+            self.fail(what, error)
+
+    async def confirm(self, pending: list[tuple[str, asyncio.Future[Any]]]) -> None:
+        """Wait until Kafka confirmed every record of ``pending``; raise ProduceFailed for the
+        first one it did not take (or did not confirm within ``confirm_timeout_s``)."""
+        if not pending:
+            return
+        futures = [delivery for _, delivery in pending]
+        await asyncio.wait(futures, timeout=self.confirm_timeout_s)
+        for what, delivery in pending:
+            if not delivery.done():
+                raise self.fail(what, TimeoutError(f"not confirmed within {self.confirm_timeout_s:.0f}s"))
+            error = _error_of(delivery)
+            if error is not None:
+                raise self.fail(what, error) from error
+
+
+def _error_of(delivery: asyncio.Future[Any]) -> BaseException | None:
+    """Why a finished send failed, or None when Kafka took the record."""
+    if delivery.cancelled():
+        return asyncio.CancelledError("the send was cancelled")
+    return delivery.exception()
+
+
+_work: ContextVar[list[tuple[str, asyncio.Future[Any]]] | None] = ContextVar("keylane_deliveries")
+
+
+def delivery_guard(app: faust.App) -> DeliveryGuard:
+    """The app's DeliveryGuard, made on first use."""
+    guard: DeliveryGuard | None = getattr(app, _GUARD_ATTR, None)
+    if guard is None:
+        guard = DeliveryGuard(app)
+        setattr(app, _GUARD_ATTR, guard)
+    return guard
+
+
+@asynccontextmanager
+async def confirming(app: faust.App) -> AsyncIterator[None]:
+    """A unit of work: on a normal exit, wait until Kafka confirmed every record handed to the
+    producer inside the block (raises ProduceFailed otherwise). A block left by an exception
+    does not wait; what it produced is still watched, and a failure still crashes the worker."""
+    guard = delivery_guard(app)
+    pending: list[tuple[str, asyncio.Future[Any]]] = []
+    token = _work.set(pending)
+    try:
+        yield
+        await guard.confirm(pending)
+    finally:
+        _work.reset(token)
+
+
+async def confirm_handed_off(app: faust.App) -> None:
+    """Inside ``confirming``: wait now for what the block produced so far (the effector
+    makes its claim durable this way before it runs a tool)."""
+    pending = _work.get(None)
+    if pending:
+        handed_off = list(pending)
+        pending.clear()
+        await delivery_guard(app).confirm(handed_off)
+
+
+def _what(record: str) -> str:
+    """``record`` and, inside a lane job, the input it was produced for."""
+    event = faust.current_event()
+    if event is None:
+        return record
+    return "{} for input {}/{}/{}".format(record, *position_of(event.message))
+
+
+class ConfirmedTopic(faust.Topic):
+    """A Faust topic whose sends are size-checked, refused once the worker is failing, and
+    confirmed by the running unit of work (see the module docstring)."""
+
+    async def send(
+        self,
+        *,
+        key: Any = None,
+        value: Any = None,
+        partition: int | None = None,
+        timestamp: float | None = None,
+        headers: HeadersArg = None,
+        schema: SchemaT | None = None,  # type: ignore[type-arg]
+        key_serializer: CodecArg = None,
+        value_serializer: CodecArg = None,
+        callback: MessageSentCallback | None = None,
+        force: bool = False,
+    ) -> Awaitable[RecordMetadata]:
+        guard = delivery_guard(self.app)  # type: ignore[arg-type]  # AppT is the App Protocol
+        guard.check()
+        name = self.get_topic_name()
+        size = record_size(key, value, headers)
+        limit = guard.limit(name)
+        if size > limit:
+            raise RecordTooLarge(topic=name, key=key, value=value, size=size, limit=limit)
+        what = _what(f"a {name} record (key {key!r:.80}, {size} bytes)")
+        try:
+            delivery = await super().send(
+                key=key,
+                value=value,
+                partition=partition,
+                timestamp=timestamp,
+                headers=headers,
+                schema=schema,
+                key_serializer=key_serializer,
+                value_serializer=value_serializer,
+                callback=callback,
+                force=True,  # never a Faust "attachment": those wait for the commit that waits for us
+            )
+        except Exception as exc:  # a refused hand-off is as final as a failed delivery
+            raise guard.fail(what, exc) from exc
+        guard.track(what, asyncio.ensure_future(delivery))
+        return delivery
+
+
+def track_changelog(table: Any) -> None:
+    """Make ``table``'s changelog records count as produced records of the running unit of
+    work (see the module docstring). Wraps the instance's public ``send_changelog``."""
+    guard = delivery_guard(table.app)
+    send_changelog = table.send_changelog
+
+    def send_tracked(partition: int | None, key: Any, value: Any, *args: Any, **kwargs: Any) -> FutureMessage:
+        future: FutureMessage = send_changelog(partition, key, value, *args, **kwargs)
+        size = len(value) if isinstance(value, bytes) else 0
+        guard.track(
+            _what(f"a changelog record of table {table.name} (partition {partition}, {size} bytes)"), future
+        )
+        return future
+
+    table.send_changelog = send_tracked

@@ -1,0 +1,147 @@
+"""What a model call is: LlmRequest in, LlmResponse out, through a Provider.
+
+Real providers (``keylane.llm.openai``, ``keylane.llm.anthropic``) speak a provider-neutral
+format and translate it to their wire format:
+
+* ``LlmRequest.messages``: dicts ``{"role": "system" | "user" | "assistant" | "tool",
+  "content": str}``; an assistant turn may carry ``"tool_calls": [{"id", "name",
+  "arguments": dict}]``; a tool message carries ``"tool_call_id"`` and ``"content"`` (the
+  result as JSON text). A bare string is taken as a user message.
+* ``LlmRequest.tools_schema``: ``[{"name", "description", "parameters": JSON Schema}]``.
+* ``LlmRequest.sampling_params``: ``max_tokens``, ``temperature``, ``top_p``, ``stop`` are
+  translated; any other key is passed to the provider unchanged.
+* ``LlmResponse.response``: the msgspec JSON of an :class:`AssistantTurn`; read it with
+  :meth:`LlmResponse.turn`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
+
+from keylane.errors import KeylaneError
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlmRequest:
+    """One model call. Everything that changes the answer is part of the replay-cache key."""
+
+    model_id: str
+    messages: list[Any]
+    tools_schema: Any = None
+    sampling_params: dict[str, Any] | None = None
+
+    def canonical(self) -> bytes:
+        """Canonical JSON of the request (sorted keys, no whitespace): stable across processes."""
+        return canonical_json(
+            {
+                "model_id": self.model_id,
+                "messages": self.messages,
+                "tools_schema": self.tools_schema,
+                "sampling_params": self.sampling_params,
+            }
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlmResponse:
+    """A model's answer. ``cached`` is True when it came from the replay cache."""
+
+    response: bytes
+    model_id: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def turn(self) -> AssistantTurn:
+        """The answer as an AssistantTurn.
+
+        Bytes that are not a JSON object made only of AssistantTurn fields (for example a
+        FakeLLM plain payload) become ``AssistantTurn(text=<the bytes as UTF-8>)``.
+        """
+        try:
+            decoded = msgspec.json.decode(self.response)
+        except msgspec.DecodeError:
+            decoded = None
+        if isinstance(decoded, dict) and decoded and decoded.keys() <= _TURN_FIELDS:
+            try:
+                return msgspec.convert(decoded, AssistantTurn)
+            except msgspec.ValidationError:
+                pass
+        return AssistantTurn(text=self.response.decode("utf-8", "replace"))
+
+
+class ToolCall(msgspec.Struct, frozen=True):
+    """A tool the model asked to call: ``arguments`` is the decoded JSON object."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class AssistantTurn(msgspec.Struct, frozen=True):
+    """What a real provider answered: text, tool calls (in the model's order), stop reason.
+
+    ``stop_reason`` is the provider's own word (``"stop"``, ``"tool_calls"``, ``"end_turn"``,
+    ``"tool_use"``, ``"length"``, ``"max_tokens"``...), passed through unchanged.
+    """
+
+    text: str = ""
+    tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
+    stop_reason: str = ""
+
+    def as_message(self) -> dict[str, Any]:
+        """This turn as a provider-neutral assistant message, to append to the next request."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": call.id, "name": call.name, "arguments": call.arguments} for call in self.tool_calls
+            ]
+        return message
+
+
+_TURN_FIELDS = frozenset(AssistantTurn.__struct_fields__)
+
+
+def encode_turn(turn: AssistantTurn) -> bytes:
+    """The bytes a real provider puts in ``LlmResponse.response`` for ``turn``.
+
+    Lets a FakeLLM script answer with tool calls:
+    ``respond_with(encode_turn(AssistantTurn(tool_calls=[ToolCall("c1", "lookup", {})])))``.
+    """
+    return msgspec.json.encode(turn)
+
+
+class ProviderError(KeylaneError):
+    """A model provider failed; ``retriable`` says whether trying again can help."""
+
+    retriable = False
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """A model provider. Implementations must be safe to share between keys of one worker."""
+
+    async def complete(self, request: LlmRequest) -> LlmResponse:
+        """Answer one request, or raise (ProviderError or any exception)."""
+        ...
+
+
+def canonical_json(value: Any) -> bytes:
+    """JSON with sorted keys and no whitespace; msgspec's ``order="sorted"`` does both."""
+    return msgspec.json.encode(value, order="sorted")
+
+
+def cache_key(request: LlmRequest, *, entity_key: bytes, seq: int) -> str:
+    """sha256 over (model_id, canonical messages, tools_schema, sampling_params, key, seq).
+
+    Scoped to the activation (key, seq): only a retry of the same activation hits.
+    """
+    digest = hashlib.sha256()
+    digest.update(request.canonical())
+    digest.update(b"\x00" + entity_key + b"\x00" + str(seq).encode())
+    return digest.hexdigest()

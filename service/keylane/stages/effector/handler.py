@@ -1,0 +1,302 @@
+"""One agent.intents record, decided: re-route, dead-letter, answer from the store, or run.
+
+Per record, in order (the job its partition's lane runs; see service.py for the Faust side):
+
+1. if the record sits on another partition than Kafka's murmur2 partitioner gives its key
+   (a librdkafka producer, a dead-letter re-drive), re-produce it there — same key, value
+   and headers plus ``keylane.origin`` (kept if the record is a copy already) — and stop:
+   the claim table is read in the partition of the record being handled, so every copy of
+   an intent must be handled in its key's partition for the dedup to be global by intent id;
+2. decode it; a bad record becomes ``malformed_record`` on agent.errors. So does an intent
+   whose record key is not its ``entity_key``: its copies could be claimed in two
+   partitions, and its result (keyed by entity_key) would answer another key's lane;
+3. under ``KEYLANE_INTENT_SIGNATURES=require`` an unsigned or badly signed intent becomes
+   ``unsigned_intent`` on agent.errors and its tool never runs;
+4. claim it (claims.py), in this order: Done republishes the stored result (even after
+   the intent's expiry); InFlight waits for the holder's lease, then claims again; Expired
+   answers EXPIRED; an intent the registry cannot run answers REJECTED; InDoubt is settled
+   by the tool's ``reconcile`` hook or its ``in_doubt`` policy (service/keylane/authoring/tools.py);
+5. flush the producer, so the claim is durable before the side effect; refuse the intent
+   (EXPIRED) if it expired meanwhile; run the tool, with the intent id, within its timeout;
+6. sign the ToolResult (when the keyring has a signing key), record it as Done, and hand it
+   to the producer keyed by the intent's physical key. Every answer — OK, ERROR, EXPIRED,
+   REJECTED — is recorded, so an intent id gets one answer, byte for byte, however often
+   it is delivered.
+
+Only when ``handle`` returns is the record acked; the effector's offset commit flushes the
+producer first, so an offset is committed only after its Done record and its result (or
+its re-routed copy, or its dead letter) reached Kafka.
+
+While the effector's partitions are being revoked (``revoking()``), no new attempt starts:
+a record that has not claimed its intent yet is abandoned (raises ``Abandoned``, its lane
+releases it uncommitted) for the next owner, so the revocation grace period only ever has
+to cover an attempt that was already running when the revocation began.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
+
+from keylane import metrics
+from keylane.authoring.tools import ToolRegistry, ToolSpec
+from keylane.catalog import INTENTS, RESULTS
+from keylane.clock import Clock, wall_clock_ms
+from keylane.kafka.faust_glue import expected_partition
+from keylane.records import ORIGIN_HEADER, Emit, InputRecord, error_emit, origin_header
+from keylane.signing import Keyring, Mode
+from keylane.stages.effector.claims import ClaimStore, Done, Expired, InDoubt, InFlight
+from keylane.stages.effector.execute import Runnable, check, ok_result, result_of, run, timeout_of
+from keylane.wire import MalformedRecord, ToolIntent, ToolResult, decode, encode
+
+log = logging.getLogger(__name__)
+
+LEASE_MARGIN_MS = 30_000
+"""Added to the longest attempt to make a lease: covers recording Done, and clock skew."""
+GRACE_MARGIN_S = 5.0
+"""Added to the longest attempt to make the revocation grace: recording Done and publishing."""
+WAIT_STEP_S = 1.0
+"""An InFlight wait re-checks for a revocation this often."""
+
+Headers = list[tuple[str, bytes]]
+
+
+class EffectorIO(Protocol):
+    """What the handler needs from Kafka (a Faust app in the effector, a fake in tests)."""
+
+    async def publish(self, emit: Emit) -> None:
+        """Hand one record to the producer."""
+        ...
+
+    async def reroute(self, *, key: bytes, value: bytes | None, partition: int, headers: Headers) -> None:
+        """Hand a copy of an intent to the producer, for ``partition`` of agent.intents."""
+        ...
+
+    async def flush(self) -> None:
+        """Wait until everything handed to the producer so far is acknowledged by Kafka."""
+        ...
+
+
+class Abandoned(asyncio.CancelledError):
+    """A record left for the partitions' next owner: a revocation began before its attempt.
+
+    A CancelledError, so the lanes release the record instead of acking it (as they do for
+    a record cancelled after the grace period), and nothing was claimed or run."""
+
+
+def attempt_s(spec: ToolSpec | None, default_timeout_s: float) -> float:
+    """The longest one attempt at an intent can take: the tool's timeout, twice for a tool
+    with a reconcile hook (reconcile, then the run it may allow)."""
+    timeout_s = timeout_of(spec, default_timeout_s)
+    return 2 * timeout_s if spec is not None and spec.reconcile is not None else timeout_s
+
+
+def revocation_grace_s(specs: Iterable[ToolSpec], default_timeout_s: float) -> float:
+    """How long a revocation must let a running attempt go on so it records Done and
+    publishes before its partition is handed over: the longest attempt plus a margin."""
+    longest = max((attempt_s(spec, default_timeout_s) for spec in specs if spec.side_effect), default=0.0)
+    return max(longest, default_timeout_s) + GRACE_MARGIN_S
+
+
+def _never() -> bool:
+    return False
+
+
+class IntentHandler:
+    """The effector's per-intent logic (module docstring), free of Faust."""
+
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        claims: ClaimStore,
+        io: EffectorIO,
+        *,
+        partitions: int,
+        tool_timeout_s: float = 60.0,
+        clock: Clock = wall_clock_ms,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        keyring: Keyring | None = None,
+        intent_signatures: Mode = "off",
+        revoking: Callable[[], bool] = _never,
+    ) -> None:
+        self.registry = registry
+        self.claims = claims
+        self.io = io
+        self.partitions = partitions
+        self.tool_timeout_s = tool_timeout_s
+        self.clock = clock
+        self.sleep = sleep
+        self.keyring = keyring or Keyring({})
+        self.intent_signatures = intent_signatures
+        self.revoking = revoking
+
+    async def handle(self, message: Any) -> None:
+        """Steps 1-6 of the module docstring for one agent.intents record (a consumer
+        message: topic, partition, offset, key, value, headers)."""
+        key: bytes | None = message.key
+        if key is not None:
+            home = expected_partition(key, self.partitions)
+            if home != message.partition:
+                await self._reroute(message, home)
+                return
+        record = InputRecord.of(INTENTS, message)
+        try:
+            intent = decode(message.value, ToolIntent)
+        except MalformedRecord as exc:
+            await self.io.publish(error_emit(record, "malformed_record", exc.detail, now_ms=self.clock()))
+            return
+        if key != intent.entity_key.encode():
+            detail = (
+                f"record key {key!r} is not the intent's entity_key {intent.entity_key!r}; an intent "
+                "is claimed in its key's partition, so the two must agree"
+            )
+            emit = error_emit(
+                record, "malformed_record", detail, now_ms=self.clock(), intent_id=intent.intent_id
+            )
+            await self.io.publish(emit)
+            return
+        if self.intent_signatures != "off":
+            verdict = self.keyring.verify(intent)
+            if verdict != "ok":
+                metrics.UNSIGNED.labels("intent").inc()
+                if self.intent_signatures == "require":
+                    detail = f"{verdict}: intent {intent.intent_id} for tool {intent.tool!r} not executed"
+                    emit = error_emit(
+                        record, "unsigned_intent", detail, now_ms=self.clock(), intent_id=intent.intent_id
+                    )
+                    await self.io.publish(emit)
+                    return
+                log.warning("intent %s is %s; executed (permissive mode)", intent.intent_id, verdict)
+        await self._answer(intent)
+
+    async def _answer(self, intent: ToolIntent) -> None:
+        """Steps 4-6: claim, settle or run, record Done, publish."""
+        runnable = check(intent, self.registry)
+        spec = runnable.spec if isinstance(runnable, Runnable) else None
+        lease_ms = int(attempt_s(spec, self.tool_timeout_s) * 1000) + LEASE_MARGIN_MS
+        while True:
+            if self.revoking():
+                raise Abandoned(f"intent {intent.intent_id}: partitions are being revoked")
+            outcome = self.claims.claim(
+                intent.intent_id, now_ms=self.clock(), lease_ms=lease_ms, expires_at_ms=intent.expires_at_ms
+            )
+            if isinstance(outcome, Done):
+                metrics.EFFECTOR_REPUBLISHED.inc()
+                await self._publish(intent, outcome.result)
+                return
+            if not isinstance(outcome, InFlight):
+                break
+            await self._wait_out(intent, outcome)
+        if isinstance(outcome, Expired):
+            await self._finish(intent, result_of(intent, "EXPIRED", error="intent expired before execution"))
+            return
+        if isinstance(runnable, ToolResult):
+            await self._finish(intent, runnable)  # REJECTED: nothing can run
+            return
+        if isinstance(outcome, InDoubt):
+            settled = await self._settle(intent, runnable.spec, outcome)
+            if settled is not None:
+                await self._finish(intent, settled)
+                return
+        await self.io.flush()  # the claim is durable before the side effect happens
+        if intent.expires_at_ms <= self.clock():
+            await self._finish(intent, result_of(intent, "EXPIRED", error="intent expired before execution"))
+            return
+        metrics.EFFECTOR_EXECUTIONS.inc()
+        await self._finish(intent, await run(intent, runnable, default_timeout_s=self.tool_timeout_s))
+
+    async def _wait_out(self, intent: ToolIntent, held: InFlight) -> None:
+        """Sleep until the holder's lease is over, or a revocation begins."""
+        log.warning(
+            "intent %s is held by an earlier attempt until %s; waiting", intent.intent_id, held.lease_until_ms
+        )
+        while not self.revoking():
+            remaining_s = (held.lease_until_ms - self.clock()) / 1000
+            if remaining_s <= 0:
+                return
+            await self.sleep(min(WAIT_STEP_S, remaining_s))
+
+    async def _settle(self, intent: ToolIntent, spec: ToolSpec, doubt: InDoubt) -> ToolResult | None:
+        """An in-doubt intent's answer, or None when it must run now (reconcile says it did
+        not happen, or the tool's policy is "rerun"; an expired intent is then refused by the
+        caller). Without a hook an expired intent is EXPIRED, never run."""
+        earlier = f"an attempt claimed at {doubt.claimed_at_ms} ms ended without recording an outcome"
+        if spec.reconcile is None and intent.expires_at_ms <= self.clock():
+            # Too late to run it, whatever the policy; only a hook could tell whether it happened.
+            metrics.EFFECTOR_IN_DOUBT.labels("expired").inc()
+            log.warning(
+                "intent %s is in doubt (%s) and expired: answering EXPIRED", intent.intent_id, earlier
+            )
+            error = f"intent expired before execution; in doubt: {earlier} and may have taken effect"
+            return result_of(intent, "EXPIRED", error=error)
+        if spec.reconcile is not None:
+            timeout_s = timeout_of(spec, self.tool_timeout_s)
+            try:
+                value = await asyncio.wait_for(spec.reconciled(intent.intent_id), timeout_s)
+            except TimeoutError:
+                why = f"reconcile timed out after {timeout_s}s"
+                return self._in_doubt_error(intent, f"in doubt: {earlier}; {why}")
+            except Exception as exc:  # noqa: BLE001 - a failing hook settles as ERROR, never crashes the lane
+                why = f"reconcile raised {type(exc).__name__}: {exc}"
+                return self._in_doubt_error(intent, f"in doubt: {earlier}; {why}")
+            if value is None:
+                metrics.EFFECTOR_IN_DOUBT.labels("reconciled_not_done").inc()
+                log.info(
+                    "intent %s was in doubt; reconcile says it never happened: running it", intent.intent_id
+                )
+                return None
+            result = ok_result(intent, value, what="in doubt: reconcile result")
+            metrics.EFFECTOR_IN_DOUBT.labels("reconciled_done" if result.status == "OK" else "error").inc()
+            log.info("intent %s was in doubt; reconcile returned its earlier result", intent.intent_id)
+            return result
+        if spec.in_doubt == "rerun":
+            metrics.EFFECTOR_IN_DOUBT.labels("rerun").inc()
+            log.warning(
+                "intent %s is in doubt (%s); running it again (in_doubt='rerun')", intent.intent_id, earlier
+            )
+            return None
+        return self._in_doubt_error(
+            intent,
+            f"in doubt: {earlier}; tool {intent.tool!r} may have taken effect and is not run again "
+            "(in_doubt='error'; declare reconcile= to find out what happened)",
+        )
+
+    def _in_doubt_error(self, intent: ToolIntent, error: str) -> ToolResult:
+        metrics.EFFECTOR_IN_DOUBT.labels("error").inc()
+        log.warning("intent %s: %s", intent.intent_id, error)
+        return result_of(intent, "ERROR", error=error)
+
+    async def _finish(self, intent: ToolIntent, result: ToolResult) -> None:
+        """Sign, record Done (the bytes every redelivery republishes), publish."""
+        encoded = encode(self.keyring.sign(result))
+        self.claims.complete(intent.intent_id, encoded, now_ms=self.clock())
+        await self._publish(intent, encoded)
+        metrics.EFFECTOR_INTENTS.labels(result.status).inc()
+
+    async def _publish(self, intent: ToolIntent, result: bytes) -> None:
+        await self.io.publish(
+            Emit(record_id=intent.intent_id, topic=RESULTS, key=intent.entity_key.encode(), value=result)
+        )
+
+    async def _reroute(self, message: Any, partition: int) -> None:
+        metrics.RECORDS_REROUTED.labels(INTENTS).inc()
+        log.info(
+            "intent record %s/%s/%s is on the wrong partition for its key; re-producing it to %s",
+            message.topic,
+            message.partition,
+            message.offset,
+            partition,
+        )
+        kept = [(name, value) for name, value in _header_items(message.headers) if name != ORIGIN_HEADER]
+        await self.io.reroute(
+            key=message.key, value=message.value, partition=partition, headers=[*kept, origin_header(message)]
+        )
+
+
+def _header_items(headers: Any) -> list[tuple[str, bytes]]:
+    """A consumed record's headers as pairs (aiokafka gives a sequence, some clients a mapping)."""
+    if not headers:
+        return []
+    return list(headers.items() if hasattr(headers, "items") else headers)

@@ -1,0 +1,165 @@
+"""Runs keylane processes: an agent worker or an effector, each until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+from pathlib import Path
+from typing import IO
+
+import faust
+import prometheus_client
+
+from keylane import metrics
+from keylane.authoring.tools import default_registry
+from keylane.catalog import INTENTS, Catalog
+from keylane.config import Settings
+from keylane.core.activation import KeyRuntime
+from keylane.errors import ConfigError, TopicDrift
+from keylane.kafka.app import build_app, changelog_record_limit
+from keylane.kafka.delivery import delivery_guard
+from keylane.kafka.topic_admin import admin_client, inspect_catalog
+from keylane.llm.provider_config import parse_provider_url
+from keylane.llm.resilience import BreakerState, ResilientProvider
+from keylane.llm.types import ProviderError
+from keylane.loader import import_module, load_agent
+from keylane.signing import parse_mode
+from keylane.stages.agent import AgentProcessor
+from keylane.stages.effector.service import Effector
+from keylane.stages.shard_keys import ShardKeys
+
+log = logging.getLogger(__name__)
+
+
+async def verify_topics(settings: Settings, catalog: Catalog) -> None:
+    """Refuse to start on a broker whose topics are missing or mis-partitioned.
+
+    Faust would otherwise create missing topics with its own defaults, and a wrong partition
+    count silently breaks co-partitioning (a key's inputs would land on different lanes).
+    """
+    async with admin_client(settings) as client:
+        reports = await inspect_catalog(client, catalog)
+    missing = [r.spec.name for r in reports if r.status == "missing"]
+    if missing:
+        raise TopicDrift(f"topics {', '.join(missing)} do not exist; run 'keylane topics apply' first")
+    for report in reports:
+        drift = report.partition_mismatch
+        if drift is not None:
+            raise TopicDrift(
+                f"topic {report.spec.name} has {drift.have} partitions, the catalog says "
+                f"{report.spec.partitions}; run 'keylane topics check' and recreate it"
+            )
+
+
+def serve_metrics(port: int) -> None:
+    """Serve Prometheus /metrics on 0.0.0.0:port from a daemon thread."""
+    try:
+        prometheus_client.start_http_server(port)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot serve /metrics on port {port} ({exc.strerror}); set KEYLANE_METRICS_PORT to a free "
+            "port, or 0 to disable it"
+        ) from exc
+    log.info("metrics on http://0.0.0.0:%s/metrics", port)
+
+
+def run_worker(settings: Settings, catalog: Catalog, *, agent_ref: str, config_ref: str | None) -> int:
+    """Run one agent until a signal; returns the exit code."""
+    agent, config = load_agent(agent_ref, config_ref)
+    provider = provider_from_url(settings.provider) if settings.provider else None
+    asyncio.run(verify_topics(settings, catalog))
+    app = build_app(settings, catalog)
+    runtime = KeyRuntime(
+        agent,
+        config,
+        provider=provider,
+        keyring=settings.keyring(),
+        approval_signatures=parse_mode(settings.approval_signatures, "KEYLANE_APPROVAL_SIGNATURES"),
+        result_signatures=parse_mode(settings.result_signatures, "KEYLANE_RESULT_SIGNATURES"),
+        changelog_max_bytes=changelog_record_limit(app, catalog),
+    )
+    processor = AgentProcessor(app, catalog, runtime, sharded=config.shards is not None)
+    if config.shards is not None:
+        ShardKeys(config.shards, assignment=config.shard_assignment).install(
+            app, catalog, processor.publisher
+        )
+    log.info("keylane worker %s running %s on %s", settings.app_id, agent_ref, settings.bootstrap_servers)
+    return _run(app, settings)
+
+
+def provider_from_url(url: str) -> ResilientProvider:
+    """The provider a URL names, with its retries and breaker reported as metrics."""
+    provider_settings = parse_provider_url(url)
+    log.info("model provider: %s", provider_settings.redacted())
+
+    def retried(error: ProviderError, delay_s: float) -> None:
+        metrics.LLM_RETRIES.labels(type(error).__name__).inc()
+
+    def breaker_moved(old: BreakerState, new: BreakerState) -> None:
+        metrics.LLM_BREAKER_OPEN.set(0 if new == "closed" else 1)
+        log.warning("provider circuit breaker %s -> %s", old, new)
+
+    return provider_settings.build(on_retry=retried, on_state_change=breaker_moved)
+
+
+def run_effector(
+    settings: Settings, catalog: Catalog, *, tool_modules: list[str], tool_timeout_s: float
+) -> int:
+    """Run the effector until a signal; tools come from the modules named (their @tool calls)."""
+    for module in tool_modules:
+        import_module(module)
+    if not default_registry.names():
+        raise ConfigError("no tools are registered: pass --tools with the module(s) that declare them")
+    asyncio.run(verify_topics(settings, catalog))
+    effector_settings = settings.with_overrides(
+        app_id=f"{settings.app_id}-effector", data_dir=Path(settings.data_dir) / "effector"
+    )
+    app = build_app(effector_settings, catalog, partitions=catalog[INTENTS].partitions)
+    Effector(
+        app,
+        catalog,
+        default_registry,
+        tool_timeout_s=tool_timeout_s,
+        keyring=settings.keyring(),
+        intent_signatures=parse_mode(settings.intent_signatures, "KEYLANE_INTENT_SIGNATURES"),
+    )
+    log.info("keylane effector with tools %s", ", ".join(default_registry.names()))
+    return _run(app, effector_settings)
+
+
+CRASH_EXIT_AFTER_S = 20.0
+"""A process whose produce failed exits this long after its crash began at the latest."""
+
+
+def _run(app: faust.App, settings: Settings) -> int:
+    delivery_guard(app).exit_after_s = CRASH_EXIT_AFTER_S
+    Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
+    lock = _lock_data_dir(Path(settings.data_dir))
+    if settings.metrics_port:
+        serve_metrics(settings.metrics_port)
+    worker = faust.Worker(app, loglevel=settings.log_level.upper(), redirect_stdouts=False)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    finally:
+        lock.close()
+    return 0
+
+
+def _lock_data_dir(data_dir: Path) -> IO[bytes]:
+    """Hold an exclusive lock on the data dir for the life of the process.
+
+    RocksDB would refuse a second process only when it opens a table during a rebalance,
+    crashing the worker then; refusing at start-up says what to fix instead.
+    """
+    handle = (data_dir / ".keylane.lock").open("wb")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise ConfigError(
+            f"another keylane process uses the data dir {data_dir}; give each worker its own KEYLANE_DATA_DIR"
+        ) from None
+    return handle
