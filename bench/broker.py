@@ -2,7 +2,10 @@
 
 Entry point: :func:`run_broker_benchmarks`. Every benchmark gets a fresh catalog under its
 own topic prefix (6 co-partitioned partitions), its own Faust app id and data dir, and
-starts its processes the way users do (``python -m keylane.cli worker ...``).
+starts its processes the way users do (``python -m keylane.cli worker ...``): see
+bench/deployment.py. This module is the benchmarks themselves; they fill topics with
+bench/producers.py, read outputs with bench/reader.py and a worker's /metrics with
+bench/scrape.py.
 
 Throughput, the same way for keylane and the peers: pre-fill the input topic, then start
 the consumer system, and take ``(count - 1) / (last - first)`` over the output records'
@@ -41,52 +44,30 @@ say how much of the gap to N x each one explains.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import http.client
 import logging
-import os
 import shutil
-import signal
-import socket
 import sys
-import tempfile
-import time
 import traceback
-import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any
-
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from typing import Any
 
 from bench.agents import LLM_LATENCY_MS, SHARDS_ENV
-from bench.harness import Recorder, Result, Size, percentile, progress
+from bench.deployment import Deployment, Testbed, start, stop
+from bench.harness import BenchFailure, Recorder, Result, Size, percentile, progress
 from bench.names import E2E_NOOP, FANOUT_SHARDS, HOT_KEY_FANOUT, PEER_AIOKAFKA, PEER_FAUST, PER_KEY_CEILING
-from bench.peers import READY as PEER_READY
-from keylane.catalog import (
-    ERRORS,
-    EVENTS,
-    EVENTS_SHARDED,
-    OUTPUT,
-    Catalog,
-    default_catalog_path,
-    load_catalog,
-)
-from keylane.config import Settings
-from keylane.kafka.faust_glue import expected_partition
-from keylane.kafka.topic_admin import admin_client, apply_catalog
-from keylane.records import ID_HEADER
+from bench.producers import produce_all, produce_paced
+from bench.reader import OutRecord, Reader, rate_of
+from bench.scrape import mean_activation_ms
+from keylane.catalog import ERRORS, EVENTS, EVENTS_SHARDED, OUTPUT
+from keylane.kafka.partitioner import expected_partition
+from keylane.kafka.topic_reader import read_to_end
+from keylane.testing.processes import ProcessFailed, free_port
 from keylane.wire import AgentEnvelope, encode
 
-REPO = Path(__file__).resolve().parent.parent
-WORKER_READY = "[^Worker]: Ready"
 HOT_KEY = b"hot-entity"
-READY_TIMEOUT_S = 90.0
-STOP_TIMEOUT_S = 30.0
 SETTLE_S = 2.0
 
 
@@ -130,274 +111,6 @@ PLANS: dict[str, Plan] = {
 }
 
 
-class BenchFailure(RuntimeError):
-    """A broker benchmark could not measure what it set out to (said in one message)."""
-
-
-# ---------------------------------------------------------------------------------------
-# Processes
-
-
-# Log lines after which a process will not make progress, although it keeps running: a
-# keylane lane that failed stops taking work, and Faust restarts a crashed agent forever.
-FATAL_MARKERS = ("no further records are processed", "Crashed reason=")
-
-
-def _open_log(path: Path) -> IO[bytes]:
-    return path.open("ab")
-
-
-def _read_from(path: Path, offset: int) -> bytes:
-    if not path.exists():
-        return b""
-    with path.open("rb") as log:
-        log.seek(offset)
-        return log.read()
-
-
-class Process:
-    """One subprocess (a keylane worker or a peer) with its log file."""
-
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path, ready: str) -> None:
-        self.name = name
-        self.argv = argv
-        self.env = env
-        self.log_path = log_path
-        self.ready = ready
-        self.proc: asyncio.subprocess.Process | None = None
-        self.is_ready = False
-        self._scanned = 0  # bytes of the log already scanned
-        self._carry = ""  # the scanned text's end, for markers split across reads
-
-    async def start(self, *, wait_ready_s: float = READY_TIMEOUT_S) -> Process:
-        log = _open_log(self.log_path)
-        try:
-            self._scanned = log.tell()
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.argv, env=self.env, cwd=REPO, stdout=log, stderr=asyncio.subprocess.STDOUT
-            )
-        finally:
-            log.close()
-        deadline = time.monotonic() + wait_ready_s
-        while True:
-            self.check_alive()
-            if self.is_ready:
-                return self
-            if time.monotonic() > deadline:
-                raise BenchFailure(f"{self.name} not ready within {wait_ready_s:.0f}s:\n{self.tail()}")
-            await asyncio.sleep(0.1)
-
-    def check_alive(self) -> None:
-        """Raise BenchFailure if the process exited or logged that it stopped making progress."""
-        if self.proc is not None and self.proc.returncode is not None:
-            raise BenchFailure(f"{self.name} exited with {self.proc.returncode}:\n{self.tail()}")
-        new = _read_from(self.log_path, self._scanned)
-        self._scanned += len(new)
-        text = self._carry + new.decode(errors="replace")
-        self._carry = text[-200:]
-        if self.ready in text:
-            self.is_ready = True
-        for marker in FATAL_MARKERS:
-            at = text.find(marker)
-            if at >= 0:
-                raise BenchFailure(f"{self.name} logged {marker!r}:\n{text[max(0, at - 300) : at + 2500]}")
-
-    async def stop(self) -> int | None:
-        """SIGTERM, wait; SIGKILL after STOP_TIMEOUT_S. Returns the exit code."""
-        proc = self.proc
-        if proc is None:
-            return None
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), timeout=STOP_TIMEOUT_S)
-            except TimeoutError:
-                progress(f"{self.name} ignored SIGTERM for {STOP_TIMEOUT_S:.0f}s; killing it")
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-        return proc.returncode
-
-    def tail(self, chars: int = 3000) -> str:
-        return _read_from(self.log_path, 0)[-chars:].decode(errors="replace")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _scrape(port: int) -> dict[str, float]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    try:
-        connection.request("GET", "/metrics")
-        text = connection.getresponse().read().decode()
-    finally:
-        connection.close()
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            with contextlib.suppress(ValueError):
-                samples[name] = float(value)
-    return samples
-
-
-async def mean_activation_ms(port: int) -> tuple[float, int]:
-    """E[activation_ms] and the activation count, from a worker's /metrics."""
-    samples = await asyncio.to_thread(_scrape, port)
-    count = samples.get("keylane_activation_ms_count", 0.0)
-    if not count:
-        raise BenchFailure(f"/metrics on port {port} shows no activations")
-    return samples["keylane_activation_ms_sum"] / count, int(count)
-
-
-# ---------------------------------------------------------------------------------------
-# Topics
-
-
-@dataclass(frozen=True)
-class OutRecord:
-    key: bytes | None
-    value: bytes
-    timestamp: int  # the record's timestamp, ms
-    record_id: str | None
-    received_ms: float  # when the reader got it (wall clock, ms)
-
-
-class Reader:
-    """Reads one topic from the beginning, all partitions, without a consumer group."""
-
-    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
-        self.topic = topic
-        self.partitions = [TopicPartition(topic, p) for p in range(partitions)]
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
-        )
-        self.seen_ids: set[str] = set()
-        self.duplicates = 0
-
-    async def start(self) -> Reader:
-        await self.consumer.start()
-        self.consumer.assign(self.partitions)
-        await self.consumer.seek_to_beginning(*self.partitions)
-        return self
-
-    async def stop(self) -> None:
-        await self.consumer.stop()
-
-    async def take(
-        self,
-        count: int,
-        *,
-        timeout_s: float,
-        watch: Sequence[Process] = (),
-        match: Callable[[OutRecord], bool] = lambda record: True,
-    ) -> list[OutRecord]:
-        """The next ``count`` matching records (at least), or BenchFailure on timeout or when a
-        watched process dies. Records with a ``keylane.id`` seen before are skipped."""
-        got: list[OutRecord] = []
-        deadline = time.monotonic() + timeout_s
-        while len(got) < count:
-            for process in watch:
-                process.check_alive()
-            if time.monotonic() > deadline:
-                raise BenchFailure(
-                    f"only {len(got)} of {count} records arrived on {self.topic} in {timeout_s:.0f}s"
-                )
-            batch = await self.consumer.getmany(timeout_ms=200)
-            received_ms = time.time() * 1000
-            for messages in batch.values():
-                for message in messages:
-                    headers = dict(message.headers or ())
-                    raw_id = headers.get(ID_HEADER)
-                    record_id = raw_id.decode() if raw_id is not None else None
-                    if record_id is not None:
-                        if record_id in self.seen_ids:
-                            self.duplicates += 1
-                            continue
-                        self.seen_ids.add(record_id)
-                    record = OutRecord(
-                        message.key, message.value or b"", message.timestamp, record_id, received_ms
-                    )
-                    if match(record):
-                        got.append(record)
-        return got
-
-
-async def record_count(bootstrap: str, topic: str, partitions: int) -> int:
-    """How many records ``topic`` holds (sum of end offsets; the topics are fresh)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        ends = await consumer.end_offsets([TopicPartition(topic, p) for p in range(partitions)])
-        return int(sum(ends.values()))
-    finally:
-        await consumer.stop()
-
-
-async def produce_all(bootstrap: str, topic: str, records: Sequence[tuple[bytes, bytes]]) -> None:
-    """Produce (key, value) pairs fast: murmur2 partitioner, acks=all, batched sends."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await producer.start()
-    try:
-        futures = [await producer.send(topic, key=key, value=value) for key, value in records]
-        await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
-
-
-async def produce_paced(
-    bootstrap: str, topic: str, records: Sequence[tuple[bytes, bytes]], rate: float
-) -> list[int]:
-    """Produce at a fixed rate (records/s); the input timestamps (ms), in order."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await producer.start()
-    try:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        futures = []
-        for i, (key, value) in enumerate(records):
-            delay = started + i / rate - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            futures.append(await producer.send(topic, key=key, value=value))
-        metadata = await asyncio.gather(*futures)
-        return [m.timestamp for m in metadata]
-    finally:
-        await producer.stop()
-
-
-def rate_of(records: Sequence[OutRecord]) -> float:
-    """(count - 1) / (last - first output timestamp), per second."""
-    stamps = sorted(r.timestamp for r in records)
-    span_s = (stamps[-1] - stamps[0]) / 1000 if stamps else 0.0
-    if len(stamps) < 2 or span_s <= 0:
-        raise BenchFailure(
-            f"{len(stamps)} outputs within {span_s * 1000:.0f} ms: too few to time; raise the size"
-        )
-    return (len(stamps) - 1) / span_s
-
-
-async def wait_for_leaders(client: AIOKafkaAdminClient, topics: Sequence[str], timeout_s: float = 30) -> None:
-    """Wait until every partition of fresh ``topics`` has a leader. (The broker may still
-    answer the first requests with a retriable NotLeaderForPartition for a moment.)"""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        described = await client.describe_topics(list(topics))
-        if all(
-            d["error_code"] == 0 and d["partitions"] and all(p["leader"] >= 0 for p in d["partitions"])
-            for d in described
-        ):
-            return
-        if time.monotonic() > deadline:
-            raise BenchFailure(f"topics {', '.join(topics)} have no leaders after {timeout_s:.0f}s")
-        await asyncio.sleep(0.1)
-
-
 @dataclass(frozen=True)
 class PrefilledRun:
     """One worker run over pre-filled events: its outputs, their rate, the worker's
@@ -409,137 +122,14 @@ class PrefilledRun:
     partitions: int  # of the co-partitioned topics: the lanes a key can hash to
 
 
-# ---------------------------------------------------------------------------------------
-# One benchmark's deployment
-
-
-@dataclass
-class Deployment:
-    """A fresh catalog, app id and data dir for one benchmark."""
-
-    name: str
-    settings: Settings
-    catalog: Catalog
-    work_dir: Path
-
-    @property
-    def bootstrap(self) -> str:
-        return self.settings.bootstrap_servers
-
-    def topic(self, logical: str) -> str:
-        return self.catalog.name(logical)
-
-    def partitions(self, logical: str) -> int:
-        return self.catalog[logical].partitions
-
-
-class BrokerBench:
+class BrokerBench(Testbed):
     """Runs the broker benchmarks of one size against one broker."""
 
     def __init__(self, recorder: Recorder, plan: Plan, bootstrap: str) -> None:
+        super().__init__(bootstrap)
         self.recorder = recorder
         self.plan = plan
-        self.bootstrap = bootstrap
-        self.run_id = f"bench-{time.strftime('%m%d%H%M%S')}-{uuid.uuid4().hex[:4]}"
-        self.work_dir = Path(tempfile.mkdtemp(prefix=f"keylane-{self.run_id}-"))
-        self.catalog_path = default_catalog_path()
-        self.processes: list[Process] = []
         self.fanout_n1_rate: float | None = None
-
-    # -- set-up and processes -------------------------------------------------------------
-
-    async def deploy(self, name: str, extra_topics: Sequence[str] = ()) -> Deployment:
-        """Create the catalog (and ``extra_topics``, shaped like agent.output) under a fresh prefix."""
-        app_id = f"{self.run_id}-{name}"
-        settings = Settings(
-            bootstrap_servers=self.bootstrap,
-            topic_prefix=f"{app_id}.",
-            app_id=app_id,
-            data_dir=self.work_dir / name / "data",
-            session_timeout_s=6,
-        )
-        catalog = load_catalog(prefix=settings.topic_prefix, path=self.catalog_path)
-        async with admin_client(settings) as client:
-            await apply_catalog(client, catalog)
-            if extra_topics:
-                output = catalog[OUTPUT]
-                response = await client.create_topics(
-                    [
-                        NewTopic(
-                            t,
-                            output.partitions,
-                            output.replication_factor,
-                            topic_configs=output.broker_configs(),
-                        )
-                        for t in extra_topics
-                    ]
-                )
-                for topic, code, message in response.topic_errors:
-                    if code != 0:
-                        raise BenchFailure(f"creating topic {topic} failed: {message or code}")
-            await wait_for_leaders(client, [spec.name for spec in catalog] + list(extra_topics))
-        (self.work_dir / name).mkdir(parents=True, exist_ok=True)
-        return Deployment(name, settings, catalog, self.work_dir / name)
-
-    def _env(self, **extra: str) -> dict[str, str]:
-        inherited = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith("KEYLANE_") and k != "KAFKA_BOOTSTRAP_SERVERS"
-        }
-        return {**inherited, "PYTHONUNBUFFERED": "1", **extra}
-
-    def worker(
-        self, deployment: Deployment, *, agent: str, config: str, metrics_port: int = 0, **env: str
-    ) -> Process:
-        settings = deployment.settings
-        environment = self._env(
-            KEYLANE_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
-            KEYLANE_TOPIC_PREFIX=settings.topic_prefix,
-            KEYLANE_APP_ID=settings.app_id,
-            KEYLANE_DATA_DIR=str(settings.data_dir),
-            KEYLANE_METRICS_PORT=str(metrics_port),
-            KEYLANE_SESSION_TIMEOUT_S="6",
-            KEYLANE_LOG_LEVEL="info",
-            KEYLANE_TOPIC_CATALOG=str(self.catalog_path),
-            **env,
-        )
-        argv = [sys.executable, "-m", "keylane.cli", "worker", "--agent", agent, "--config", config]
-        return self._process(f"{deployment.name} worker", argv, environment, deployment, WORKER_READY)
-
-    def peer(self, deployment: Deployment, kind: str, source: str, sink: str) -> Process:
-        group = f"{deployment.settings.app_id}-peer-{kind}"
-        argv = [
-            *(sys.executable, "-m", "bench.peers", kind),
-            *("--bootstrap", self.bootstrap, "--input", source, "--output", sink, "--group", group),
-            *("--data-dir", str(deployment.work_dir / f"peer-{kind}")),
-        ]
-        ready = PEER_READY if kind == "aiokafka" else WORKER_READY
-        return self._process(f"{kind} peer", argv, self._env(), deployment, ready)
-
-    def _process(
-        self, name: str, argv: list[str], env: dict[str, str], deployment: Deployment, ready: str
-    ) -> Process:
-        log_path = deployment.work_dir / f"{name.replace(' ', '-')}.log"
-        process = Process(name, argv, env, log_path, ready)
-        self.processes.append(process)
-        return process
-
-    async def stop_all(self) -> None:
-        for process in reversed(self.processes):
-            await process.stop()
-        self.processes.clear()
-
-    async def delete_topics(self) -> None:
-        """Best effort: remove every topic this run created (catalogs, peers, changelogs)."""
-        settings = Settings(bootstrap_servers=self.bootstrap)
-        try:
-            async with admin_client(settings) as client:
-                ours = [t for t in await client.list_topics() if t.startswith(self.run_id)]
-                if ours:
-                    await client.delete_topics(ours)
-        except Exception as exc:  # noqa: BLE001 - clean-up must not hide the results
-            progress(f"could not delete the run's topics ({type(exc).__name__}: {exc})")
 
     # -- the benchmarks --------------------------------------------------------------------
 
@@ -559,23 +149,23 @@ class BrokerBench:
 
         # The peers first: keylane's latency phase adds records to the input afterwards.
         peer_rates: dict[str, float] = {}
-        peer_failure: BenchFailure | None = None
+        peer_failure: BenchFailure | ProcessFailed | None = None
         for kind, name in (("aiokafka", PEER_AIOKAFKA), ("faust", PEER_FAUST)):
             progress(f"{name}: {kind} peer over the same {len(records)} records")
             peer = self.peer(deployment, kind, source, sinks[kind])
             reader = Reader(self.bootstrap, sinks[kind], deployment.partitions(OUTPUT))
             try:
                 await reader.start()
-                await peer.start()
+                await start(peer)
                 outputs = await reader.take(len(records), timeout_s=timeout_s, watch=[peer])
                 peer_rates[kind] = rate_of(outputs)
-            except BenchFailure as exc:
+            except (BenchFailure, ProcessFailed) as exc:
                 # keylane is still measured; the step fails at its end.
                 progress(f"FAILED {name}: {exc}")
                 peer_failure = peer_failure or exc
                 continue
             finally:
-                await peer.stop()
+                await stop(peer)
                 await reader.stop()
             self.recorder.add(
                 Result(
@@ -591,7 +181,7 @@ class BrokerBench:
         reader = Reader(self.bootstrap, deployment.topic(OUTPUT), deployment.partitions(OUTPUT))
         try:
             await reader.start()
-            await worker.start()
+            await start(worker)
             outputs = await reader.take(
                 len(records), timeout_s=timeout_s, watch=[worker], match=lambda r: r.value.startswith(b"p")
             )
@@ -616,11 +206,9 @@ class BrokerBench:
                     match=lambda r: r.value.startswith(b"l"),
                 ),
             )
-            errors = await record_count(
-                self.bootstrap, deployment.topic(ERRORS), deployment.partitions(ERRORS)
-            )
+            errors = len(await read_to_end(deployment.settings, deployment.topic(ERRORS)))
         finally:
-            await worker.stop()
+            await stop(worker)
             await reader.stop()
         if errors:
             raise BenchFailure(f"{E2E_NOOP}: {errors} records on agent.errors; see {worker.log_path}")
@@ -670,11 +258,11 @@ class BrokerBench:
         reader = Reader(self.bootstrap, deployment.topic(OUTPUT), deployment.partitions(OUTPUT))
         try:
             await reader.start()
-            await worker.start()
+            await start(worker)
             outputs = await reader.take(len(records), timeout_s=timeout_s, watch=[worker])
             mean_ms, activations = await mean_activation_ms(port)
         finally:
-            await worker.stop()
+            await stop(worker)
             await reader.stop()
         if activations < len(records):
             raise BenchFailure(

@@ -16,6 +16,10 @@ from typing import Any, Literal
 Size = Literal["smoke", "quick", "full"]
 
 
+class BenchFailure(RuntimeError):
+    """A benchmark could not measure what it set out to (said in one message)."""
+
+
 @dataclass
 class Result:
     """One benchmark's outcome.

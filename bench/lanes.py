@@ -18,7 +18,7 @@ from bench.broker import PLANS, BrokerBench
 from bench.harness import Recorder, Result, Size, progress
 from bench.names import LANES
 from keylane.catalog import EVENTS
-from keylane.kafka.faust_glue import expected_partition
+from keylane.kafka.partitioner import expected_partition
 from keylane.wire import AgentEnvelope, encode
 
 KEYS = 1000

@@ -25,7 +25,8 @@ from keylane import (
     respond_with,
 )
 from keylane.authoring.tools import ToolRegistry
-from keylane.core.state import KeyState, MemoryBlob, MemoryEntry, encode_state
+from keylane.cells import MemoryBlob, MemoryEntry
+from keylane.core.state import KeyState, encode_state
 from keylane.testing import AgentHarness
 from keylane.wire import AgentEnvelope, encode
 

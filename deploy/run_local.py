@@ -4,8 +4,9 @@ effector, stopped together by Ctrl-C.
 
 Order: start (or reuse) the broker in $KEYLANE_KAFKA_STATE (default .kafka-local); apply
 the topic catalog; start the worker (examples/support_agent.py, or $KEYLANE_AGENT) and the
-effector; print where everything is once both are ready; wait. On Ctrl-C or SIGTERM the
-processes are stopped first, then the broker, but only if this run started it.
+effector, each logging to <data dir>/logs/ (copied to the screen, prefixed with its name);
+print where everything is once both are ready; wait. On Ctrl-C or SIGTERM the processes are
+stopped first, then the broker, but only if this run started it.
 """
 
 from __future__ import annotations
@@ -16,16 +17,17 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+
+from keylane.testing.processes import KeylaneProcess
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "kafka"))
 
 import local_kafka  # noqa: E402  (a script beside this one, not an installed package)
 
-KEYLANE = [sys.executable, "-m", "keylane.cli"]
 WORKER_STOP_TIMEOUT_S = 30
-READY_LINE = b"[^Worker]: Ready"  # Faust's log line once partitions are assigned and recovered
 
 
 def main() -> int:
@@ -44,20 +46,22 @@ def main() -> int:
     agent = env.get("KEYLANE_AGENT", "examples.support_agent:agent")
     effector_metrics_port = env.get("KEYLANE_EFFECTOR_METRICS_PORT", "9465")
     tools = env.get("KEYLANE_TOOLS", agent.partition(":")[0])
-    processes: dict[str, subprocess.Popen[bytes]] = {}
+    log_dir = Path(env["KEYLANE_DATA_DIR"]) / "logs"
+    commands = {
+        "worker": ["worker", "--agent", agent],
+        "effector": ["effector", "--tools", tools, "--metrics-port", effector_metrics_port],
+    }
+    processes = {
+        name: KeylaneProcess(args, env, log_dir / f"{name}.log", name=name) for name, args in commands.items()
+    }
     try:
-        applied = subprocess.run([*KEYLANE, "topics", "apply"], env=env, check=False)
+        apply_topics = [sys.executable, "-m", "keylane.cli", "topics", "apply"]
+        applied = subprocess.run(apply_topics, env=env, check=False)
         if applied.returncode != 0:
             return applied.returncode
-        commands = {
-            "worker": [*KEYLANE, "worker", "--agent", agent],
-            "effector": [*KEYLANE, "effector", "--tools", tools, "--metrics-port", effector_metrics_port],
-        }
-        for name, command in commands.items():
-            processes[name] = subprocess.Popen(
-                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-            )
-        where = _where(cluster.bootstrap, state_dir, env, reused=already_running is not None)
+        for process in processes.values():
+            process.launch()
+        where = _where(cluster.bootstrap, state_dir, env, log_dir, reused=already_running is not None)
         where = where.replace("{effector_metrics_port}", effector_metrics_port)
         return _relay_output(processes, announce_when_ready=where)
     except KeyboardInterrupt:
@@ -65,7 +69,7 @@ def main() -> int:
         return 0
     finally:
         for process in processes.values():
-            _stop(process)
+            process.stop(WORKER_STOP_TIMEOUT_S)
         if already_running is None:
             local_kafka.stop(state_dir, quiet=True)
             print(f"make run: kafka at {cluster.bootstrap} stopped", flush=True)
@@ -75,45 +79,42 @@ def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _stop(worker: subprocess.Popen[bytes]) -> None:
-    if worker.poll() is None:
-        worker.send_signal(signal.SIGTERM)
-    try:
-        worker.wait(timeout=WORKER_STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        worker.kill()
-        worker.wait()
-
-
-def _relay_output(processes: dict[str, subprocess.Popen[bytes]], *, announce_when_ready: str) -> int:
+def _relay_output(processes: dict[str, KeylaneProcess], *, announce_when_ready: str) -> int:
     """Copy each process's log to our stdout, prefixed with its name; print where things are
     once all are ready, so the addresses are the last thing on screen rather than scrolled
-    away by start-up logs. Returns when any process exits, with its exit code."""
+    away by start-up logs (once every line logged up to then is shown: when no line came for
+    a moment, or a second after all were ready). Returns when any process exits, with its
+    exit code."""
     lines: queue.Queue[tuple[str, bytes | None]] = queue.Queue()
     for name, process in processes.items():
         threading.Thread(target=_pump, args=(name, process, lines), daemon=True).start()
-    ready: set[str] = set()
+    ready_at: float | None = None
+    announced = False
     while True:
-        name, line = lines.get()
+        try:
+            name, line = lines.get(timeout=0.2)
+        except queue.Empty:
+            name, line = "", b""
         if line is None:
             print(f"make run: {name} exited", flush=True)
-            return processes[name].wait()
-        sys.stdout.buffer.write(f"[{name}] ".encode() + line)
-        if READY_LINE in line and name not in ready:
-            ready.add(name)
-            if ready == set(processes):
-                sys.stdout.buffer.write(announce_when_ready.encode())
+            return processes[name].returncode or 0
+        if line:
+            sys.stdout.buffer.write(f"[{name}] ".encode() + line)
+        if ready_at is None and all(process.is_ready() for process in processes.values()):
+            ready_at = time.monotonic()
+        if not announced and ready_at is not None and (not line or time.monotonic() - ready_at > 1):
+            announced = True
+            sys.stdout.buffer.write(announce_when_ready.encode())
         sys.stdout.flush()
 
 
-def _pump(name: str, process: subprocess.Popen[bytes], lines: queue.Queue[tuple[str, bytes | None]]) -> None:
-    assert process.stdout is not None
-    for line in process.stdout:
+def _pump(name: str, process: KeylaneProcess, lines: queue.Queue[tuple[str, bytes | None]]) -> None:
+    for line in process.follow():
         lines.put((name, line))
     lines.put((name, None))
 
 
-def _where(bootstrap: str, state_dir: Path, env: dict[str, str], *, reused: bool) -> str:
+def _where(bootstrap: str, state_dir: Path, env: dict[str, str], log_dir: Path, *, reused: bool) -> str:
     prefix = env.get("KEYLANE_TOPIC_PREFIX", "")
     return "\n".join(
         [
@@ -122,6 +123,7 @@ def _where(bootstrap: str, state_dir: Path, env: dict[str, str], *, reused: bool
             f"  kafka      {bootstrap}{' (already running; left running on exit)' if reused else ''}",
             f"  broker log {state_dir}/node-1/server.log",
             f"  state      {env['KEYLANE_DATA_DIR']}",
+            f"  logs       {log_dir}/worker.log, {log_dir}/effector.log",
             f"  topics     {prefix}agent.* (keylane topics list)",
             f"  metrics    http://127.0.0.1:{env.get('KEYLANE_METRICS_PORT', '9464')}/metrics (worker), "
             "http://127.0.0.1:{effector_metrics_port}/metrics (effector)",

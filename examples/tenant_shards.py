@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +45,7 @@ from keylane.catalog import EVENTS, OUTPUT, load_catalog
 from keylane.config import Settings
 from keylane.kafka.topic_admin import admin_client, apply_catalog
 from keylane.kafka.topic_reader import read_to_end
+from keylane.testing.processes import KeylaneProcess, settings_env
 from keylane.wire import AgentEnvelope, encode
 
 SHARDS = {
@@ -137,52 +137,33 @@ class Shard:
             topic_prefix=f"{prefix}{name}.",
             app_id=f"{prefix}{name}",
             data_dir=base / name,
+            metrics_port=0,
+            session_timeout_s=6,
         )
         self.catalog = load_catalog(prefix=self.settings.topic_prefix)
         self.log = base / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.worker: KeylaneProcess | None = None
 
     async def create_topics(self) -> None:
         async with admin_client(self.settings) as client:
             await apply_catalog(client, self.catalog)
 
     def start(self, run: int) -> None:
-        env = {
-            **os.environ,
-            "KEYLANE_BOOTSTRAP_SERVERS": self.settings.bootstrap_servers,
-            "KEYLANE_TOPIC_PREFIX": self.settings.topic_prefix,
-            "KEYLANE_APP_ID": self.settings.app_id,
-            "KEYLANE_DATA_DIR": str(self.settings.data_dir),
-            "KEYLANE_METRICS_PORT": "0",
-            "KEYLANE_SESSION_TIMEOUT_S": "6",
-            "RUN_ID": str(run),
-        }
+        """Start the shard's worker (appending to its log) and wait until it is ready."""
+        env = {**os.environ, **settings_env(self.settings), "RUN_ID": str(run)}
         if run == 1 and self.name == CRASH[0]:
             env["CRASH_AT"] = CRASH[1]
-        ready_before = self.log.read_text(errors="replace").count(READY) if self.log.exists() else 0
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "keylane.cli", "worker", "--agent", "examples.tenant_shards:run_step"],
-                env=env,
-                cwd=REPO,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 90
-        while self.log.read_text(errors="replace").count(READY) <= ready_before:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the worker of {self.name} did not start; see {self.log}")
-            time.sleep(0.1)
+        args = ["worker", "--agent", "examples.tenant_shards:run_step"]
+        self.worker = KeylaneProcess(args, env, self.log, name=f"the worker of {self.name}", cwd=REPO)
+        self.worker.start()
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.worker is not None and self.worker.running
 
     def stop(self) -> None:
-        if self.alive:
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=60)
+        if self.worker is not None:
+            self.worker.stop()
 
     async def issue(self, run: int) -> None:
         values = [
@@ -204,9 +185,6 @@ class Shard:
             if answer.get("event_run") == run:
                 answers[answer["step"]] = answer
         return answers
-
-
-READY = "[^Worker]: Ready"
 
 
 async def run_once(shards: list[Shard], run: int) -> list[ShardRun]:

@@ -131,7 +131,9 @@ def java() -> str:
 
 
 # Below Linux's default ephemeral range (32768-60999): a port the kernel hands to outgoing
-# connections can be taken between our probe and the broker's bind.
+# connections can be taken between our probe and the broker's bind. This is why the brokers'
+# ports do not come from keylane.testing.processes.free_port (the kernel's pick, in that
+# range), besides this script being stdlib-only: it runs before keylane is installed.
 PORT_RANGE = (20000, 32000)
 
 

@@ -6,11 +6,9 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from aiokafka import AIOKafkaProducer
-
 from keylane.catalog import APPROVAL_REQUESTS, APPROVALS, Catalog
 from keylane.config import Settings
-from keylane.errors import BrokerUnavailable
+from keylane.kafka.producer import producer
 from keylane.kafka.topic_reader import read_to_end
 from keylane.wire import Approval, ApprovalRequest, MalformedRecord, decode, encode
 
@@ -47,18 +45,8 @@ async def send_approval(
             decided_at_ms=time.time_ns() // 1_000_000,
         )
     )
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_list, acks="all")
-    try:
-        await producer.start()
-    except Exception as exc:
-        await producer.stop()
-        raise BrokerUnavailable(
-            f"cannot reach Kafka at {settings.bootstrap_servers}; check KEYLANE_BOOTSTRAP_SERVERS"
-        ) from exc
-    try:
-        await producer.send_and_wait(catalog.name(APPROVALS), key=key.encode(), value=encode(approval))
-    finally:
-        await producer.stop()
+    async with producer(settings) as kafka:
+        await kafka.send_and_wait(catalog.name(APPROVALS), key=key.encode(), value=encode(approval))
     return approval
 
 

@@ -4,7 +4,10 @@ Three families, by what the caller should do:
 
 * retriable (``retriable = True``): try again later, e.g. a broker that is not reachable yet;
 * permanent: the input or request is wrong; it goes to ``agent.errors`` or back to the user;
-* fatal: state is corrupt; crash and let the supervisor restart the worker.
+* fatal (``Fatal``): something keylane relies on is broken, and nothing about the input can
+  fix it: a record Kafka refused crashes the worker (the supervisor restarts it from the last
+  committed offset); a key's state blob that is corrupt or from a newer keylane fails every
+  input of that key (``processing_failed``) until an operator acts.
 
 Messages of errors an operator must act on say what to do.
 """
@@ -18,6 +21,10 @@ class KeylaneError(Exception):
     """Root of every error keylane raises on purpose."""
 
     retriable: ClassVar[bool] = False
+
+
+class Fatal(KeylaneError):
+    """Root of the fatal family: the worker must stop rather than go on."""
 
 
 class ConfigError(KeylaneError):

@@ -10,13 +10,19 @@ from __future__ import annotations
 import base64
 import hashlib
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from msgspec.structs import replace as replace_struct
 
 from keylane import ids
 from keylane.catalog import ERRORS, INTENTS
-from keylane.wire import ErrorRecord, RawDigest, RecordOrigin, b64, decode, encode
+from keylane.wire import ErrorReason, ErrorRecord, RawDigest, RecordOrigin, b64, decode, encode
+
+OrphanDetail = Literal[
+    "no_continuation", "unknown_intent", "kind_mismatch", "deadline_passed", "intent_expired"
+]
+"""Why an ``orphaned_result`` found no continuation to resume: the first word of its detail,
+and its metric's label."""
 
 ID_HEADER = "keylane.id"
 """The header carrying a published record's deterministic id (an Emit's ``record_id``)."""
@@ -108,13 +114,13 @@ class Emit:
     topic: str  # logical catalog name
     key: bytes
     value: bytes
-    error_reason: str | None = None
-    orphan_detail: str | None = None
+    error_reason: ErrorReason | None = None
+    orphan_detail: OrphanDetail | None = None
 
 
 def error_emit(
     record: InputRecord,
-    reason: str,
+    reason: ErrorReason,
     detail: str,
     *,
     now_ms: int,
@@ -148,7 +154,7 @@ def error_emit(
     )
 
 
-RECORD_TOO_LARGE = "record_too_large"
+RECORD_TOO_LARGE: ErrorReason = "record_too_large"
 """The error reason of a record keylane could not produce because it is too large."""
 RAW_PREFIX_BYTES = 4096
 """How many leading bytes of a too-large key or value a dead letter keeps, beside its sha256."""

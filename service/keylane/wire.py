@@ -23,6 +23,23 @@ SCHEMA_VERSION = 1
 
 ToolStatus = Literal["OK", "ERROR", "EXPIRED", "REJECTED"]
 TimerKind = Literal["hitl", "ttl"]
+ErrorReason = Literal[
+    "malformed_record",
+    "orphaned_result",
+    "unsigned_approval",
+    "unsigned_result",
+    "unsigned_intent",
+    "activation_error",
+    "activation_timeout",
+    "budget_exceeded",
+    "buffer_full",
+    "state_too_large",
+    "hitl_timeout",
+    "ttl_wiped_suspension",
+    "record_too_large",
+    "processing_failed",
+]
+"""Why a record is on agent.errors (``ErrorRecord.reason``; docs/runtime.md lists when each is written)."""
 
 
 class MalformedRecord(KeylaneError):
@@ -166,7 +183,7 @@ class ErrorRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     v: int = SCHEMA_VERSION
     error_id: str
-    reason: str
+    reason: ErrorReason
     detail: str
     entity_key: str | None = None
     intent_id: str | None = None
@@ -182,7 +199,6 @@ class ErrorRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The most its topic and keylane's producer take: min(max.message.bytes, max request size)."""
 
 
-InputRecord = AgentEnvelope | ToolResult | Approval
 T = TypeVar("T", bound=msgspec.Struct)
 
 _encoder = msgspec.json.Encoder()

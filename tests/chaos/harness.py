@@ -36,7 +36,7 @@ from keylane.kafka.topic_admin import admin_client
 from keylane.kafka.topic_reader import TopicRecord, partition_ids, read_to_end
 from keylane.keys import shard_key
 from keylane.wire import AgentEnvelope, ErrorRecord, MalformedRecord, ToolIntent, decode
-from tests.processes import KeylaneProcess
+from tests.processes import KeylaneProcess, ProcessFailed
 
 VICTIMS = ("worker-a", "worker-b", "effector")
 Poll = Callable[[], Awaitable[None]] | None
@@ -217,16 +217,14 @@ class Supervisor:
         self.processes = processes
         self.attempts = attempts
         self.unplanned: list[str] = []
-        self._log_from: dict[str, int] = {}
 
     async def start(self, name: str) -> None:
         process = self.processes[name]
         for attempt in range(1, self.attempts + 1):
-            self._log_from[name] = process.log_path.stat().st_size if process.log_path.exists() else 0
             try:
                 await asyncio.to_thread(process.start)
                 return
-            except AssertionError:
+            except ProcessFailed:
                 assert process.proc is not None
                 if process.proc.poll() is None:
                     process.kill9()
@@ -262,7 +260,7 @@ class Supervisor:
     def reason(self, name: str) -> str:
         """The last exception line logged since the process was last started."""
         process = self.processes[name]
-        text = process.log_path.read_bytes()[self._log_from.get(name, 0) :].decode(errors="replace")
+        text = process.log_since_start()
         errors = re.findall(r"^(?:\w+\.)*\w*(?:Error|Exception)\b.*$", text, flags=re.MULTILINE)
         return errors[-1].strip() if errors else f"no exception in its log ({process.log_path})"
 

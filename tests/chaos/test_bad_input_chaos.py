@@ -54,7 +54,7 @@ from aiokafka import AIOKafkaProducer
 from keylane import ids
 from keylane.catalog import APPROVALS, ERRORS, EVENTS, INTENTS, RESULTS, Catalog
 from keylane.config import Settings
-from keylane.kafka.faust_glue import expected_partition
+from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.topic_reader import TopicRecord, read_to_end
 from keylane.records import ID_HEADER, RAW_PREFIX_BYTES, origin_of
 from keylane.signing import Keyring

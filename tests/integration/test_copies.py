@@ -19,7 +19,7 @@ import pytest
 
 from keylane.catalog import ERRORS, EVENTS, EVENTS_SHARDED, OUTPUT, RESULTS, Catalog
 from keylane.config import Settings
-from keylane.kafka.faust_glue import expected_partition
+from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.topic_reader import read_to_end
 from keylane.wire import AgentEnvelope, encode
 from tests.integration.stream_checks import tool_runs

@@ -20,7 +20,7 @@ import pytest
 from keylane import tool
 from keylane.catalog import INTENTS, RESULTS, Catalog
 from keylane.config import Settings
-from keylane.kafka.faust_glue import expected_partition
+from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.topic_reader import read_to_end
 from keylane.wire import ToolIntent, ToolResult, decode, encode
 from tests.agents.flow import append_ledger

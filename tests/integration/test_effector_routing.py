@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaProducer
 from keylane import ids
 from keylane.catalog import INTENTS, RESULTS, Catalog
 from keylane.config import Settings
-from keylane.kafka.faust_glue import expected_partition
+from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.topic_reader import read_to_end
 from keylane.records import ORIGIN_HEADER
 from keylane.wire import ToolIntent, ToolResult, decode, encode

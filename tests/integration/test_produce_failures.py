@@ -19,7 +19,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from keylane import ActivationContext, AgentConfig, Complete
 from keylane.catalog import ERRORS, EVENTS, OUTPUT, Catalog
 from keylane.config import Settings
-from keylane.kafka.faust_glue import expected_partition
+from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.topic_admin import admin_client
 from keylane.stages.agent import STATE_TABLE
 from keylane.wire import AgentEnvelope, ErrorRecord, decode, encode

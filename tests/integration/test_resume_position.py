@@ -18,7 +18,7 @@ import pytest
 
 from keylane.catalog import EVENTS, OUTPUT, Catalog
 from keylane.config import Settings
-from keylane.kafka.faust_glue import expected_partition
+from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.topic_reader import read_to_end
 from keylane.wire import AgentEnvelope, encode
 from tests.chaos.harness import committed_lags

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -16,15 +15,10 @@ import pytest
 
 from keylane.catalog import EVENTS, OUTPUT, Catalog
 from keylane.config import Settings
+from keylane.testing.processes import free_port
 from tests.kafka_io import consume, kcat_produce
 
 pytestmark = pytest.mark.kafka
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def worker_env(settings: Settings, metrics_port: int = 0) -> dict[str, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -19,7 +19,6 @@ from keylane import ids, metrics
 from keylane.authoring.memory import Memory
 from keylane.authoring.ratelimit import ProviderLimiter
 from keylane.authoring.tools import ToolRegistry, ToolSpec, UnknownTool
-from keylane.core.replay_cache import ReplayCache
 from keylane.errors import KeylaneError
 from keylane.llm.types import LlmRequest, LlmResponse, Provider, cache_key
 from keylane.wire import Approval, ToolIntent, ToolResult
@@ -35,6 +34,20 @@ class BudgetExceeded(KeylaneError):
 
 class ToolMisuse(KeylaneError):
     """A tool was used through the wrong door (a read-only tool via act, or the reverse)."""
+
+
+class ResponseCache(Protocol):
+    """What ``call_model`` needs of the key's replay cache: the runtime passes the key's
+    staged LLM_CACHE cell (keylane.core.replay_cache.ReplayCache) and commits it with the
+    activation."""
+
+    def get(self, cache_key: str, *, now_ms: int) -> LlmResponse | None:
+        """The response this activation already got for ``cache_key``, or None."""
+        ...
+
+    def put(self, cache_key: str, response: LlmResponse, *, now_ms: int) -> None:
+        """Keep ``response`` for ``cache_key``."""
+        ...
 
 
 @dataclass
@@ -76,7 +89,7 @@ class ActivationContext:
     now_ms: int
     _step_index: int = 0
     _provider: Provider | None = None
-    _cache: ReplayCache
+    _cache: ResponseCache
     _tools: ToolRegistry
     _intent_ttl_ms: int
     _approval_channel: str

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from keylane.core.state import MemoryBlob, MemoryEntry, encoded_size
+from keylane.cells import MemoryBlob, MemoryEntry, encoded_size
 from keylane.errors import KeylaneError
 
 log = logging.getLogger(__name__)

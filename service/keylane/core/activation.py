@@ -8,7 +8,7 @@ all drive this same code. For each input record, in order:
    stream and offset, shared by every copy keylane re-produced): an offset at or below the
    last one the key applied from that stream re-publishes that input's outbox entries and
    rewrites the key's state unchanged (no second activation, no new seq; the rewrite heals a
-   changelog that lost the key's last record in a crash);
+   changelog that lost the key's last record in a crash; service/keylane/core/outbox.py);
 3. an event for a suspended key is queued behind the suspension (``events_while_suspended``),
    unless the key's queue is full (``max_buffered_events``, ``max_buffered_bytes``, or the
    key's state limit): then it is dead-lettered as ``buffer_full`` and the state is untouched;
@@ -19,7 +19,8 @@ all drive this same code. For each input record, in order:
 5. run the activation under ``activation_timeout_s``; a raise or a timeout changes nothing
    and becomes ``activation_error`` / ``activation_timeout`` with the input's raw bytes;
 6. on success build the whole next KeyState (memory, cache, continuation, pending, seq + 1,
-   applied offset, outbox) as one value: the caller writes it as one record;
+   applied offset, outbox) as one value: the caller writes it as one record
+   (service/keylane/core/apply.py);
 7. after a resume that ends the suspension, run the queued events in order;
 8. seal the next state against the key's state limit (``KeyRuntime.state_limit``: what one
    changelog record can carry, or ``AgentConfig.max_state_bytes`` if lower). Over it, the
@@ -27,6 +28,9 @@ all drive this same code. For each input record, in order:
    one repeated model call); still over, the input fails as ``state_too_large`` and the
    state is untouched. Memory writes see the same limit as they happen (``Memory``'s room),
    and a queued event whose activation would not fit fails alone, like a failing one.
+
+A timer fire (agent.timers) is decoded and checked for redelivery like any input (steps 1
+and 2); what it does then is service/keylane/core/timeouts.py.
 """
 
 from __future__ import annotations
@@ -36,18 +40,26 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Final, Literal
 
 from msgspec.structs import replace as struct_replace
 
 from keylane import ids, metrics
 from keylane.authoring.api import AgentConfig, AgentFn, Complete, Suspend
 from keylane.authoring.context import ActivationContext, BudgetExceeded
-from keylane.authoring.hitl import Deny, Escalate, FallbackContext, TimeoutDecision
 from keylane.authoring.memory import MEMORY_HARD_CAP_BYTES, Memory
 from keylane.authoring.ratelimit import ProviderLimiter
 from keylane.catalog import APPROVAL_REQUESTS, EVENTS, EVENTS_SHARDED, INTENTS, OUTPUT, RESULTS, TIMERS
+from keylane.cells import MemoryBlob
 from keylane.clock import Clock, wall_clock_ms
+from keylane.core.outbox import (
+    Deliveries,
+    applied_offset,
+    applied_with,
+    forget_stream,
+    republished,
+    staged,
+)
 from keylane.core.replay_cache import ReplayCache
 from keylane.core.state import (
     SETTLED_INTENTS_KEPT,
@@ -55,22 +67,23 @@ from keylane.core.state import (
     Continuation,
     IntentKind,
     KeyState,
-    MemoryBlob,
-    OutboxRecord,
     PendingIntent,
     encode_state,
     over_limit,
     seal,
 )
+from keylane.core.timeouts import collected, fire_is_due, timed_out
 from keylane.core.timers import TTL, arm
+from keylane.errors import KeylaneError
 from keylane.llm.resilience import CALL_DEADLINE
 from keylane.llm.types import Provider
-from keylane.records import Emit, InputRecord, error_emit
+from keylane.records import Emit, InputRecord, OrphanDetail, error_emit
 from keylane.signing import Keyring, Mode
 from keylane.wire import (
     AgentEnvelope,
     Approval,
     ApprovalRequest,
+    ErrorReason,
     MalformedRecord,
     TimerFired,
     ToolResult,
@@ -81,10 +94,7 @@ from keylane.wire import (
 
 log = logging.getLogger(__name__)
 
-OrphanDetail = Literal[
-    "no_continuation", "unknown_intent", "kind_mismatch", "deadline_passed", "intent_expired"
-]
-UNAWAITED = "unawaited"
+UNAWAITED: Final = "unawaited"
 """The admission verdict for a result nobody waits for any more: acknowledged, not an error."""
 DEFAULT_CHANGELOG_MAX_BYTES = 1_000_000
 """What one changelog record may carry when the worker does not say: Faust's default
@@ -107,10 +117,10 @@ class Decision:
     writer may store these bytes instead of encoding the state again)."""
 
 
-class ActivationFailed(Exception):
+class ActivationFailed(KeylaneError):
     """An activation that must change nothing; becomes an error record."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: ErrorReason, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
@@ -154,19 +164,15 @@ class KeyRuntime:
         )
         self.clock = clock
         self.limiter = ProviderLimiter(config.rate_limit) if config.rate_limit else None
-        self._in_flight: set[str] = set()
-        self._delivered: set[str] = set()
+        self.deliveries = Deliveries()
 
     def on_published(self, record_id: str) -> None:
         """A record was handed to the producer; its outbox entry stays until delivery."""
-        self._in_flight.add(record_id)
+        self.deliveries.published(record_id)
 
     def on_delivered(self, record_id: str) -> None:
         """The producer confirmed a record; its outbox entry goes at the key's next commit."""
-        self._in_flight.discard(record_id)
-        if len(self._delivered) > _MAX_TRACKED:
-            self._delivered.clear()  # only delays pruning: entries stay until redelivery proves them
-        self._delivered.add(record_id)
+        self.deliveries.delivered(record_id)
 
     def state_limit(self, key: bytes) -> int:
         """The most bytes ``key``'s encoded state may take: what one changelog record carries
@@ -186,7 +192,7 @@ class KeyRuntime:
         key = record.key
         state = state_of(key)
         stream, offset = record.identity
-        last = _applied_offset(state, record)
+        last = applied_offset(state, record)
         if last is not None and offset <= last:
             if record.origin is None and record.log_end is not None and last >= record.log_end:
                 # The key applied an offset the log does not reach: this is a new incarnation of
@@ -200,11 +206,10 @@ class KeyRuntime:
                     record.log_end,
                 )
                 metrics.STREAMS_RESTARTED.labels(record.topic).inc()
-                state = _forget_stream(state, record)
+                state = forget_stream(state, record)
             else:
                 metrics.REDELIVERIES.labels(record.topic).inc()
-                again = [e for e in state.outbox if _from_input(e, record)]
-                return Decision(state, [_emit_of(e) for e in again])
+                return Decision(state, republished(state, record))
 
         if isinstance(parsed, TimerFired):
             return await self._on_timer(record, parsed, state, key)
@@ -225,9 +230,8 @@ class KeyRuntime:
                 metrics.UNSIGNED.labels(kind).inc()
                 if mode == "require":
                     detail = f"{verdict}: {kind} for {parsed.intent_id} refused"
-                    return Decision(
-                        None, [self._error(record, f"unsigned_{kind}", detail, entity_key=key_text)]
-                    )
+                    reason: ErrorReason = "unsigned_approval" if kind == "approval" else "unsigned_result"
+                    return Decision(None, [self._error(record, reason, detail, entity_key=key_text)])
                 log.warning("%s %s is %s; accepted (permissive mode)", kind, parsed.intent_id, verdict)
         orphan = self._admission(state, parsed)
         if orphan == UNAWAITED:
@@ -316,9 +320,11 @@ class KeyRuntime:
             )
         return parsed
 
-    def _admission(self, state: KeyState, resume: ToolResult | Approval) -> str | None:
+    def _admission(
+        self, state: KeyState, resume: ToolResult | Approval
+    ) -> OrphanDetail | Literal["unawaited"] | None:
         """None when the result may resume the key, UNAWAITED when it answers an intent nobody
-        waits for any more, else the orphaned_result detail."""
+        waits for any more, else why it is an orphaned_result."""
         cont = state.continuation
         if cont is None or resume.intent_id not in cont.pending_intent_ids:
             if resume.intent_id in state.settled_intents:
@@ -336,7 +342,7 @@ class KeyRuntime:
         if cont.deadline_ms <= 0 or now >= cont.deadline_ms:
             return "deadline_passed"
         if pending is not None and now >= pending.expires_at_ms:
-            return f"intent_expired:{resume.intent_id}"
+            return "intent_expired"
         return None
 
     async def _activate(
@@ -352,6 +358,7 @@ class KeyRuntime:
         seq = cont.seq if cont is not None else state.seq
         now = self.clock()
         soft_cap_hit: list[int] = []
+        cache = ReplayCache(state.llm_cache)
         # Memory shares the key's one changelog record with the rest of its state.
         rest = len(encode_state(struct_replace(state, memory=_NO_MEMORY)))
         memory = Memory(
@@ -374,7 +381,7 @@ class KeyRuntime:
             _provider=self.provider,
             _limiter=self.limiter,
             _token_budget=self.config.max_tokens_per_activation,
-            _cache=ReplayCache(state.llm_cache),
+            _cache=cache,
             _tools=self.config.tools,
             _intent_ttl_ms=self.config.hitl_policy.intent_ttl_ms,
             _approval_channel=self.config.hitl_policy.approval_channel,
@@ -482,7 +489,7 @@ class KeyRuntime:
             seq=state.seq + 1,
             memory=memory_blob,
             continuation=continuation,
-            llm_cache=ctx._cache.entries(),
+            llm_cache=cache.entries(),
             pending=pending,
             settled_intents=_kept_settled(state.settled_intents, settled),
         )
@@ -491,88 +498,22 @@ class KeyRuntime:
     async def _on_timer(
         self, record: InputRecord, fired: TimerFired, state: KeyState, key: bytes
     ) -> Decision:
-        """A timer fire: stale or early fires change nothing; a due TTL collects the key's
-        state; a due HITL timer runs the fail-closed policy (see service/keylane/authoring/hitl.py)."""
-        armed = state.timers.get(fired.kind)
+        """A timer fire (service/keylane/core/timeouts.py): stale or early fires change nothing;
+        a due TTL collects the key's state; a due HITL timer runs the fail-closed policy, and
+        the events queued behind a suspension it ends run."""
         now = self.clock()
-        if armed is None or armed.token != fired.token or now < armed.deadline_ms:
+        if not fire_is_due(state, fired, now):
             metrics.TIMERS_IGNORED.inc()
             return Decision(None, [])
         metrics.TIMERS_FIRED.labels(fired.kind).inc()
-        key_text = key.decode()
         if fired.kind == TTL:
-            # Collect everything but what keeps ids unique and redeliveries recognisable: a
-            # key that came back at seq 0 would re-mint its old intent and output ids.
-            emits = []
-            if state.continuation is not None:
-                detail = (
-                    f"state collected after {self.config.ttl_ms} ms idle "
-                    f"while suspended at seq {state.continuation.seq}"
-                )
-                emits.append(self._error(record, "ttl_wiped_suspension", detail, entity_key=key_text))
-                for queued in state.buffered:
-                    origin = _queued_record(queued, key)
-                    detail = "queued behind a suspension that TTL collected; the event was not run"
-                    emits.append(self._error(origin, "ttl_wiped_suspension", detail, entity_key=key_text))
-            tombstone = KeyState(
-                seq=state.seq, applied=_applied_with(state, record), settled_intents=state.settled_intents
-            )
+            tombstone, emits = collected(state, record, key, ttl_ms=self.config.ttl_ms, now_ms=now)
             return Decision(tombstone, emits)
-        cont = state.continuation
-        if cont is None or now < cont.deadline_ms:
+        outcome = timed_out(state, record, key, self.config.hitl_policy, now_ms=now)
+        if outcome is None:
             return Decision(None, [])
-        policy = self.config.hitl_policy
-        context = FallbackContext(
-            entity_key=key,
-            seq=cont.seq,
-            pending_intent_ids=tuple(cont.pending_intent_ids),
-            escalations=cont.escalations,
-            snapshot=cont.snapshot,
-            deadline_ms=cont.deadline_ms,
-        )
-        try:
-            decision: TimeoutDecision | Exception = policy.decide(context)
-        except Exception as exc:  # noqa: BLE001 - a failing policy fails closed, the worker goes on
-            decision = exc
-        if isinstance(decision, Escalate):
-            intent_id = ids.intent_id(key, cont.seq, cont.step_index)
-            deadline_ms = now + decision.timeout_ms
-            request = ApprovalRequest(
-                intent_id=intent_id,
-                entity_key=key_text,
-                channel=decision.tool_name,
-                args_json=decision.args_json,
-                created_at_ms=now,
-                expires_at_ms=deadline_ms,
-                deadline_ms=deadline_ms,
-            )
-            pending = {
-                **state.pending,
-                intent_id: PendingIntent(
-                    intent_id=intent_id, tool=decision.tool_name, kind="approval", expires_at_ms=deadline_ms
-                ),
-            }
-            escalated = struct_replace(
-                cont,
-                step_index=cont.step_index + 1,
-                pending_intent_ids=[*cont.pending_intent_ids, intent_id],
-                deadline_ms=deadline_ms,
-                escalations=cont.escalations + 1,
-            )
-            emits = [Emit(record_id=intent_id, topic=APPROVAL_REQUESTS, key=key, value=encode(request))]
-            next_state = struct_replace(state, continuation=escalated, pending=pending)
-            return self._commit(next_state, record, emits, key)
-        if isinstance(decision, Deny):
-            emits = [
-                Emit(record_id=ids.output_id(key, cont.seq), topic=OUTPUT, key=key, value=decision.output)
-            ]
-        else:
-            detail = (
-                f"policy raised {decision!r}" if isinstance(decision, Exception) else "dropped by policy"
-            ) + f"; deadline {cont.deadline_ms}, pending {cont.pending_intent_ids}"
-            emits = [self._error(record, "hitl_timeout", detail, entity_key=key_text)]
-        next_state = struct_replace(state, continuation=None, pending={})
-        if next_state.buffered:
+        next_state, emits = outcome
+        if next_state.continuation is None and next_state.buffered:
             next_state, drained = await self._drain_buffered(next_state, key, record, emits)
             emits.extend(drained)
         return self._commit(next_state, record, emits, key)
@@ -591,7 +532,7 @@ class KeyRuntime:
         while state.buffered and state.continuation is None:
             head, rest = state.buffered[0], state.buffered[1:]
             state = struct_replace(state, buffered=rest)
-            origin = _queued_record(head, key)
+            origin = head.input_record(key)
             try:
                 committed = await self._activate(state, key, event=head.payload, record=origin)
             except ActivationFailed as exc:
@@ -624,7 +565,7 @@ class KeyRuntime:
     ) -> Decision:
         """The decision writing ``state`` (``staged`` sealed) in place of ``before``."""
         # Delivered ids are forgotten only once the outbox that held them is replaced.
-        self._delivered.difference_update(o.record_id for o in before.outbox)
+        self.deliveries.forget(before.outbox)
         trimmed = len(staged.llm_cache) - len(state.llm_cache)
         if trimmed:
             metrics.STATE_CACHE_TRIMMED.inc(trimmed)
@@ -645,51 +586,21 @@ class KeyRuntime:
         *,
         extra_buffered: tuple[BufferedEvent, ...] = (),
     ) -> KeyState:
-        """Record the input as applied and stage its emits in the outbox, dropping settled ones.
-
-        An outbox entry is settled when this process saw it delivered, or when it was not
-        published by this process and its input came earlier in the same identity stream:
-        this process read the stream past it without redelivering it, so that input's offset
-        was committed, and Faust flushes the producer before every offset commit. Pure: the
-        caller forgets delivered ids only when it commits the result (``_decided``).
-        """
-        kept = [o for o in state.outbox if not self._settled(o, record)]
-        stream, offset = record.identity
-        outbox = kept + [
-            OutboxRecord(
-                record_id=e.record_id,
-                topic=e.topic,
-                key=e.key,
-                value=e.value,
-                origin_topic=record.topic,
-                origin_offset=offset,
-                origin_stream=stream,
-                label=e.error_reason,
-            )
-            for e in emits
-        ]
+        """Record the input as applied and stage its emits in the outbox, dropping settled ones
+        (``outbox.staged``). Pure: the caller forgets delivered ids only when it commits the
+        result (``_decided``)."""
         advanced = struct_replace(
             state,
-            applied=_applied_with(state, record),
-            outbox=outbox,
+            applied=applied_with(state, record),
+            outbox=staged(state, record, emits, self.deliveries),
             buffered=[*state.buffered, *extra_buffered],
         )
         return arm(advanced, ttl_ms=self.config.ttl_ms, now_ms=self.clock())
 
-    def _settled(self, entry: OutboxRecord, record: InputRecord) -> bool:
-        if entry.record_id in self._delivered:
-            return True
-        if entry.record_id in self._in_flight:
-            return False
-        stream, offset = record.identity
-        if entry.origin_stream:
-            return entry.origin_stream == stream and entry.origin_offset < offset
-        return record.origin is None and entry.origin_topic == record.topic and entry.origin_offset < offset
-
     def _error(
         self,
         record: InputRecord,
-        reason: str,
+        reason: ErrorReason,
         detail: str,
         *,
         entity_key: str | None = None,
@@ -699,70 +610,16 @@ class KeyRuntime:
             record, reason, detail, now_ms=self.clock(), entity_key=entity_key, intent_id=intent_id
         )
 
-    def _orphan(self, record: InputRecord, detail: str, intent_id: str, entity_key: str) -> Emit:
+    def _orphan(self, record: InputRecord, why: OrphanDetail, intent_id: str, entity_key: str) -> Emit:
+        detail = f"{why}:{intent_id}" if why == "intent_expired" else why
         emit = self._error(record, "orphaned_result", detail, entity_key=entity_key, intent_id=intent_id)
-        return replace(emit, error_reason=None, orphan_detail=detail.split(":", 1)[0])
+        return replace(emit, error_reason=None, orphan_detail=why)
 
 
-_MAX_TRACKED = 100_000
 _NO_MEMORY = MemoryBlob()
-
-
-def _queued_record(queued: BufferedEvent, key: bytes) -> InputRecord:
-    """The input record a queued event came from, for its activation or its error record."""
-    return InputRecord(
-        topic=queued.origin_topic,
-        broker_topic=queued.origin_broker_topic,
-        partition=queued.origin_partition,
-        offset=queued.origin_offset,
-        key=key,
-        value=queued.value,
-        origin=queued.copy_of,
-    )
-
-
-def _applied_offset(state: KeyState, record: InputRecord) -> int | None:
-    """The last offset the key applied from ``record``'s identity stream, if any."""
-    stream, _ = record.identity
-    last = state.applied.get(stream)
-    if last is None and record.origin is None:
-        last = state.applied.get(record.topic)  # a blob from before identity streams
-    return last
-
-
-def _applied_with(state: KeyState, record: InputRecord) -> dict[str, int]:
-    """``state.applied`` with ``record`` applied (replacing a pre-stream entry of its topic)."""
-    stream, offset = record.identity
-    applied = {k: v for k, v in state.applied.items() if record.origin is not None or k != record.topic}
-    applied[stream] = offset
-    return applied
-
-
-def _forget_stream(state: KeyState, record: InputRecord) -> KeyState:
-    stream, _ = record.identity
-    applied = {k: v for k, v in state.applied.items() if k not in (stream, record.topic)}
-    return struct_replace(state, applied=applied)
-
-
-def _from_input(entry: OutboxRecord, record: InputRecord) -> bool:
-    """Whether an outbox entry was staged by ``record`` (any copy of it)."""
-    stream, offset = record.identity
-    if entry.origin_stream:
-        return entry.origin_stream == stream and entry.origin_offset == offset
-    return record.origin is None and entry.origin_topic == record.topic and entry.origin_offset == offset
 
 
 def _kept_settled(kept: list[str], new: list[str]) -> list[str]:
     if not new:
         return kept
     return [*kept, *new][-SETTLED_INTENTS_KEPT:]
-
-
-def _emit_of(record: OutboxRecord) -> Emit:
-    return Emit(
-        record_id=record.record_id,
-        topic=record.topic,
-        key=record.key,
-        value=record.value,
-        error_reason=record.label,
-    )

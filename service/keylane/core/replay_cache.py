@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import hashlib
 
-from keylane.core.state import CacheEntry, encoded_size
+from keylane.cells import encoded_size
+from keylane.core.state import CacheEntry
 from keylane.llm.types import LlmResponse
 
 MAX_ENTRIES = 64

@@ -23,9 +23,12 @@ Next to the five cells the record keeps what redelivery safety needs:
   waits for any more (resumed, or emitted by an activation that completed), so their late or
   repeated results are acknowledged instead of dead-lettered.
 
+The MEMORY cell's format (MemoryBlob, MemoryEntry) lives below this module, in
+keylane.cells, because the authoring API's Memory facade builds it too.
+
 Encoding: msgpack with field names (msgspec), never pickle. ``state_schema_version`` is on
 every blob and ``encode_state`` always writes the current one; a blob from a newer version
-is refused (StateFromTheFuture) rather than guessed. tests/unit/test_state_golden.py pins
+is refused (StateFromTheFuture) rather than guessed. tests/unit/core/test_state_golden.py pins
 the bytes of a reference blob for every version this code reads:
 
 * 1: the first layout;
@@ -41,11 +44,13 @@ against the key's limit (see service/keylane/core/activation.py, ``KeyRuntime.st
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
-from keylane.errors import KeylaneError
+from keylane.cells import MemoryBlob, encoded_size
+from keylane.errors import Fatal
+from keylane.records import InputRecord
 from keylane.wire import AgentEnvelope, TimerKind, decode
 
 STATE_SCHEMA_VERSION = 3
@@ -54,26 +59,12 @@ SETTLED_INTENTS_KEPT = 128
 IntentKind = Literal["tool", "approval"]
 
 
-class StateFromTheFuture(KeylaneError):
+class StateFromTheFuture(Fatal):
     """A state blob written by a newer keylane. Fatal: roll the worker forward, do not guess."""
 
 
-class CorruptState(KeylaneError):
+class CorruptState(Fatal):
     """A state blob that does not decode. Fatal: the key's history is needed to go on."""
-
-
-class MemoryEntry(msgspec.Struct, kw_only=True):
-    """One memory value: a scalar, or a ring (a bounded list, oldest first)."""
-
-    value: Any
-    ring: bool = False
-    last_access_ms: int = 0
-
-
-class MemoryBlob(msgspec.Struct, kw_only=True):
-    """The MEMORY cell."""
-
-    entries: dict[str, MemoryEntry] = msgspec.field(default_factory=dict)
 
 
 class PendingIntent(msgspec.Struct, kw_only=True):
@@ -147,6 +138,19 @@ class BufferedEvent(msgspec.Struct, kw_only=True):
         decoded when the event arrived, so it decodes again)."""
         return decode(self.value, AgentEnvelope).payload_bytes()
 
+    def input_record(self, key: bytes) -> InputRecord:
+        """The input record this event came from (its identity included), for its activation
+        or its error record."""
+        return InputRecord(
+            topic=self.origin_topic,
+            broker_topic=self.origin_broker_topic,
+            partition=self.origin_partition,
+            offset=self.origin_offset,
+            key=key,
+            value=self.value,
+            origin=self.copy_of,
+        )
+
 
 class ArmedTimer(msgspec.Struct, kw_only=True):
     """A durable per-key timer: fire at ``deadline_ms``; a fire carrying another token is stale."""
@@ -205,16 +209,6 @@ def decode_state(blob: bytes | None) -> KeyState:
         return _decoder.decode(blob)
     except msgspec.DecodeError as exc:
         raise CorruptState(f"state blob does not decode: {exc}") from exc
-
-
-def encode_memory(memory: MemoryBlob) -> bytes:
-    """The MEMORY cell alone (its size is what memory_bytes reports)."""
-    return _encoder.encode(memory)
-
-
-def encoded_size(value: Any) -> int:
-    """Bytes of one memory value as stored."""
-    return len(_encoder.encode(value))
 
 
 def seal(state: KeyState, limit: int) -> tuple[KeyState, bytes] | None:

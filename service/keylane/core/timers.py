@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from msgspec.structs import replace
 
 from keylane.core.state import ArmedTimer, KeyState
-from keylane.wire import TimerKind
+from keylane.wire import TimerFired, TimerKind
 
 RESEND_AFTER_MS = 30_000
 HITL: TimerKind = "hitl"
@@ -136,3 +137,28 @@ class TimerIndex:
         """Put a fire back (its send failed); the next scan sends it again."""
         self._sent.pop((key, timer.token), None)
         heapq.heappush(self._heap, (timer.deadline_ms, key, kind, timer.token))
+
+
+class DueTimer(NamedTuple):
+    """A timer due now, and the TimerFired command the scan sends into its key's partition."""
+
+    key: bytes
+    kind: TimerKind
+    timer: ArmedTimer
+    fired: TimerFired
+
+
+def due_timers(index: TimerIndex, now_ms: int) -> list[DueTimer]:
+    """The timers ``index`` finds due at ``now_ms`` (``TimerIndex.due``), each with its
+    TimerFired command: what the worker's scan sends to agent.timers."""
+    return [
+        DueTimer(
+            key=key,
+            kind=kind,
+            timer=timer,
+            fired=TimerFired(
+                entity_key=key.decode(), kind=kind, token=timer.token, deadline_ms=timer.deadline_ms
+            ),
+        )
+        for key, kind, timer in index.due(now_ms)
+    ]

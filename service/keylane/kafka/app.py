@@ -1,11 +1,19 @@
-"""Builds the faust.App for a worker from Settings and the topic catalog; wiring only."""
+"""The Faust app of a worker: built from Settings and the topic catalog, and the app's hooks the stages use.
+
+Stages reach the app's signals, table recovery, consumer positions and worker runner through
+the functions here (``on_shutdown``, ``on_rebalance_complete``, ``recovery_completed``,
+``log_end``, ``run``), so nothing outside service/keylane/kafka/ imports Faust.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
+from faust.types import TP
+from mode import Signal
 from mode.utils.times import want_seconds
 
 from keylane.catalog import EVENTS, Catalog
@@ -13,6 +21,9 @@ from keylane.config import Settings
 from keylane.kafka.topic_admin import admin_client, ensure_topic
 
 log = logging.getLogger(__name__)
+
+App = faust.App
+"""The Faust app type, for annotations outside service/keylane/kafka/."""
 
 ACKS_ALL = -1  # Faust's spelling of acks=all: every in-sync replica has the record
 PRODUCE_TIMEOUT_S = 120.0
@@ -131,3 +142,43 @@ def _replicated_table(
             await super().on_start()
 
     return ReplicatedTable
+
+
+def on_shutdown(app: faust.App, stop: Callable[[], Awaitable[None]]) -> None:
+    """Run ``stop()`` when the app shuts down, after Faust waited for every unacked record
+    (the lanes' queued jobs): where a stage stops its lanes."""
+    _connect(app.on_before_shutdown, stop)
+
+
+def on_rebalance_complete(app: faust.App, done: Callable[[], Awaitable[None]]) -> None:
+    """Run ``done()`` after each rebalance of the app's consumer group completed."""
+    _connect(app.on_rebalance_complete, done)
+
+
+def _connect(app_signal: Signal[Any], receiver: Callable[[], Awaitable[None]]) -> None:
+    async def receive(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        await receiver()
+
+    app_signal.connect(receive)  # type: ignore[arg-type]  # mode types receivers as positional-only
+
+
+def recovery_completed(app: faust.App) -> bool:
+    """Whether the app's tables finished restoring from their changelogs since the last
+    rebalance (Faust's TableManager recovery; its Protocol does not declare it)."""
+    completed: bool = app.tables.recovery.completed.is_set()  # type: ignore[attr-defined]  # TableManager, not its Protocol
+    return completed
+
+
+def log_end(app: faust.App, topic: str, partition: int) -> int | None:
+    """The consumer's high watermark of an assigned topic-partition, None when unknown."""
+    try:
+        end = app.consumer.highwater(TP(topic, partition))
+    except Exception:  # noqa: BLE001 - unknown (not assigned, no fetch yet): the callers' hint goes missing
+        return None
+    return end if isinstance(end, int) and end >= 0 else None
+
+
+def run(app: faust.App, *, loglevel: str) -> None:
+    """Run ``app`` in a Faust worker until a signal stops it (raises SystemExit with its code)."""
+    worker = faust.Worker(app, loglevel=loglevel, redirect_stdouts=False)
+    worker.execute_from_commandline()

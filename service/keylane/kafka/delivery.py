@@ -52,7 +52,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from faust.types import CodecArg, HeadersArg, RecordMetadata, SchemaT
 from faust.types.tuples import FutureMessage, MessageSentCallback
 
-from keylane.errors import KeylaneError
+from keylane.errors import Fatal, KeylaneError
 from keylane.records import position_of
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ CONFIRM_MARGIN_S = 30.0
 _GUARD_ATTR = "_keylane_delivery_guard"
 
 
-class ProduceFailed(KeylaneError):
+class ProduceFailed(Fatal):
     """Fatal: Kafka did not take a record keylane handed to the producer. The worker stops
     without committing the record's input and resumes from the last committed offset."""
 

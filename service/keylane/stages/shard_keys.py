@@ -21,16 +21,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import faust
-
 from keylane.catalog import EVENTS, EVENTS_SHARDED, Catalog
 from keylane.clock import wall_clock_ms
 from keylane.core.lanes import PartitionLanes
+from keylane.kafka.app import App, on_shutdown
 from keylane.kafka.delivery import RecordTooLarge, confirming
-from keylane.kafka.faust_glue import feed_lanes, guard_offsets
+from keylane.kafka.lane_feed import lane_agent
+from keylane.kafka.offset_guard import guard_offsets
+from keylane.kafka.publish import Publisher, raw_topic
 from keylane.keys import Assignment, ShardAssigner
 from keylane.records import InputRecord, error_emit, origin_header
-from keylane.stages.agent import Publisher, raw_topic
 from keylane.wire import AgentEnvelope, MalformedRecord, decode, decode_key, encode
 
 
@@ -54,7 +54,7 @@ class ShardKeys:
         envelope.entity_key = physical.decode()
         return physical, encode(envelope)
 
-    def install(self, app: faust.App, catalog: Catalog, publisher: Publisher) -> None:
+    def install(self, app: App, catalog: Catalog, publisher: Publisher) -> None:
         """Add the stage to a Faust app: agent.events -> agent.events.sharded, in offset order
         per partition and acked only after Kafka confirmed the sharded record."""
         source = raw_topic(app, catalog.name(EVENTS))
@@ -89,12 +89,9 @@ class ShardKeys:
                     error_emit(record, "processing_failed", detail, now_ms=wall_clock_ms())
                 )
 
-        async def shard(stream: Any) -> None:
-            await feed_lanes(stream, lanes, forward, on_poison=dead_letter)
-
-        async def stop_lanes(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        async def stop_lanes() -> None:
             await lanes.stop()
             await offsets.close()
 
-        app.agent(source, name="keylane.shard-keys")(shard)
-        app.on_before_shutdown.connect(stop_lanes)  # type: ignore[arg-type]  # see stages/agent.py
+        lane_agent(app, source, name="keylane.shard-keys", lanes=lanes, handle=forward, on_poison=dead_letter)
+        on_shutdown(app, stop_lanes)

@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 from typing import IO
 
-import faust
 import prometheus_client
 
 from keylane import metrics
@@ -17,7 +16,7 @@ from keylane.catalog import INTENTS, Catalog
 from keylane.config import Settings
 from keylane.core.activation import KeyRuntime
 from keylane.errors import ConfigError, TopicDrift
-from keylane.kafka.app import build_app, changelog_record_limit
+from keylane.kafka.app import App, build_app, changelog_record_limit, run
 from keylane.kafka.delivery import delivery_guard
 from keylane.kafka.topic_admin import admin_client, inspect_catalog
 from keylane.llm.provider_config import parse_provider_url
@@ -132,15 +131,14 @@ CRASH_EXIT_AFTER_S = 20.0
 """A process whose produce failed exits this long after its crash began at the latest."""
 
 
-def _run(app: faust.App, settings: Settings) -> int:
+def _run(app: App, settings: Settings) -> int:
     delivery_guard(app).exit_after_s = CRASH_EXIT_AFTER_S
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     lock = _lock_data_dir(Path(settings.data_dir))
     if settings.metrics_port:
         serve_metrics(settings.metrics_port)
-    worker = faust.Worker(app, loglevel=settings.log_level.upper(), redirect_stdouts=False)
     try:
-        worker.execute_from_commandline()
+        run(app, loglevel=settings.log_level.upper())
     except SystemExit as exc:
         return int(exc.code or 0)
     finally:

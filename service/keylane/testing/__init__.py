@@ -1,8 +1,10 @@
 """AgentHarness: run an agent in-process, without a broker, exactly as a worker would.
 
-It drives the same KeyRuntime the Faust processor drives, keeps each key's committed state
-as the encoded blob a table would hold, numbers offsets per topic like a partition, and
-collects what would be published. Use it to test your own agents::
+It drives the same KeyRuntime the Faust processor drives and applies its decisions with the
+same step (``keylane.core.apply``), keeps each key's committed state as the encoded blob a
+table would hold, numbers offsets per topic like a partition, fires due timers as the
+worker's scan does (``keylane.core.timers.due_timers``), and collects what would be
+published. Use it to test your own agents::
 
     harness = AgentHarness(my_agent, AgentConfig(provider_factory=make_provider))
     await harness.send_event(b"customer-1", "hello")
@@ -20,8 +22,9 @@ from keylane.authoring.api import AgentConfig, AgentFn
 from keylane.catalog import APPROVAL_REQUESTS, APPROVALS, ERRORS, EVENTS, INTENTS, OUTPUT, RESULTS, TIMERS
 from keylane.clock import Clock, wall_clock_ms
 from keylane.core.activation import Decision, KeyRuntime
-from keylane.core.state import KeyState, decode_state, encode_state
-from keylane.core.timers import TimerIndex
+from keylane.core.apply import apply_decision
+from keylane.core.state import KeyState, decode_state
+from keylane.core.timers import TimerIndex, due_timers
 from keylane.llm.types import Provider
 from keylane.records import Emit, InputRecord
 from keylane.wire import (
@@ -29,7 +32,6 @@ from keylane.wire import (
     Approval,
     ApprovalRequest,
     ErrorRecord,
-    TimerFired,
     ToolIntent,
     ToolResult,
     decode,
@@ -99,12 +101,7 @@ class AgentHarness:
         """Deliver a record again (or for the first time), as Kafka does after a crash."""
         self.records.append(record)
         decision = await self.runtime.handle(record, self.state)
-        if decision.new_state is not None:
-            assert record.key is not None
-            blob = decision.blob if decision.blob is not None else encode_state(decision.new_state)
-            self.store[record.key] = blob
-            self.timers.update(record.key, decision.new_state)
-        for emit in decision.emits:
+        for emit in apply_decision(self.store, self.timers, record.key, decision):
             self.runtime.on_published(emit.record_id)
             self.published.append(emit)
             self.runtime.on_delivered(emit.record_id)
@@ -114,11 +111,8 @@ class AgentHarness:
         """Send a timer-fired command for every timer due at the clock's now, as the worker's
         scan would, and let each key's lane apply it."""
         decisions = []
-        for key, kind, timer in self.timers.due(self.runtime.clock()):
-            fired = TimerFired(
-                entity_key=key.decode(), kind=kind, token=timer.token, deadline_ms=timer.deadline_ms
-            )
-            decisions.append(await self.send_raw(TIMERS, key, encode(fired)))
+        for due in due_timers(self.timers, self.runtime.clock()):
+            decisions.append(await self.send_raw(TIMERS, due.key, encode(due.fired)))
         return decisions
 
     def state(self, key: bytes) -> KeyState:

@@ -44,7 +44,7 @@ from keylane import metrics
 from keylane.authoring.tools import ToolRegistry, ToolSpec
 from keylane.catalog import INTENTS, RESULTS
 from keylane.clock import Clock, wall_clock_ms
-from keylane.kafka.faust_glue import expected_partition
+from keylane.kafka.partitioner import expected_partition
 from keylane.records import ORIGIN_HEADER, Emit, InputRecord, error_emit, origin_header
 from keylane.signing import Keyring, Mode
 from keylane.stages.effector.claims import ClaimStore, Done, Expired, InDoubt, InFlight

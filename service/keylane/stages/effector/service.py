@@ -28,17 +28,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import faust
-
 from keylane.authoring.tools import ToolRegistry
 from keylane.catalog import INTENTS, Catalog
 from keylane.clock import Clock, wall_clock_ms
 from keylane.core.lanes import PartitionLanes
+from keylane.kafka.app import App, on_shutdown
 from keylane.kafka.delivery import RecordTooLarge, confirm_handed_off, confirming, track_changelog
-from keylane.kafka.faust_glue import feed_lanes, guard_offsets
+from keylane.kafka.lane_feed import lane_agent
+from keylane.kafka.offset_guard import guard_offsets
+from keylane.kafka.publish import Publisher, raw_topic
 from keylane.records import Emit, InputRecord, error_emit
 from keylane.signing import Keyring, Mode
-from keylane.stages.agent import Publisher, raw_topic
 from keylane.stages.effector.claims import ClaimStore
 from keylane.stages.effector.handler import EffectorIO, Headers, IntentHandler, revocation_grace_s
 
@@ -72,7 +72,7 @@ class FaustEffectorIO(EffectorIO):
     in ``confirming``), so an intent's offset is never committed before its Done, its result
     or its copy is in Kafka (service/keylane/kafka/delivery.py)."""
 
-    def __init__(self, app: faust.App, publisher: Publisher, intents: Any) -> None:
+    def __init__(self, app: App, publisher: Publisher, intents: Any) -> None:
         self._app = app
         self._publisher = publisher
         self._intents = intents
@@ -101,7 +101,7 @@ class Effector:
 
     def __init__(
         self,
-        app: faust.App,
+        app: App,
         catalog: Catalog,
         registry: ToolRegistry,
         *,
@@ -150,11 +150,15 @@ class Effector:
             self.grace_s,
             rebalance_timeout_s,
         )
-        app.agent(source, name="keylane.effector")(self._consume)
-        app.on_before_shutdown.connect(self._stop_lanes)  # type: ignore[arg-type]  # see stages/agent.py
-
-    async def _consume(self, stream: Any) -> None:
-        await feed_lanes(stream, self.lanes, self._handle_event, on_poison=self._dead_letter)
+        lane_agent(
+            app,
+            source,
+            name="keylane.effector",
+            lanes=self.lanes,
+            handle=self._handle_event,
+            on_poison=self._dead_letter,
+        )
+        on_shutdown(app, self._stop_lanes)
 
     async def _dead_letter(self, event: Any, exc: Exception) -> None:
         """An intent whose handling kept raising: a dead letter replaces it, the partition
@@ -170,7 +174,7 @@ class Effector:
         async with confirming(self.app):  # the job ends once Kafka has what it produced
             await self.handle(event.message)
 
-    async def _stop_lanes(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+    async def _stop_lanes(self) -> None:
         await self.lanes.stop()
         await self.offsets.close()
 

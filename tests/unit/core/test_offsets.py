@@ -103,7 +103,8 @@ def test_faust_s_fetch_loop_sees_no_read_offset_on_governed_topics() -> None:
 
     from faust.types import TP
 
-    from keylane.kafka.faust_glue import OffsetGuard, _UnfilteredReadOffsets
+    from keylane.kafka.offset_guard import OffsetGuard
+    from keylane.kafka.patches import _UnfilteredReadOffsets
 
     guard = OffsetGuard(SimpleNamespace())
     guard.topics.add("t.agent.results")

@@ -17,12 +17,12 @@ from keylane.catalog import INTENTS, load_catalog
 from keylane.config import Settings
 from keylane.core.lanes import LaneRecord
 from keylane.kafka.app import build_app
-from keylane.kafka.faust_glue import REBALANCE_GRACE_S
+from keylane.kafka.offset_guard import REBALANCE_GRACE_S
 from keylane.stages.effector.claims import ClaimRecord, ClaimStore, Done
 from keylane.stages.effector.handler import IntentHandler, revocation_grace_s
 from keylane.stages.effector.service import Effector, EffectorLanes
 from keylane.wire import ToolIntent, ToolResult, decode, encode
-from tests.unit.test_effector_handler import HOME, KEY, PARTITIONS, TOPIC, FakeIO, Message
+from tests.unit.stages.test_effector_handler import HOME, KEY, PARTITIONS, TOPIC, FakeIO, Message
 
 DEFAULT_TIMEOUT_S = 60.0
 

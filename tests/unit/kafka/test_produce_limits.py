@@ -27,7 +27,8 @@ from keylane.kafka.delivery import (
     record_size,
     track_changelog,
 )
-from keylane.kafka.faust_glue import event_context
+from keylane.kafka.lane_feed import event_context
+from keylane.kafka.publish import Publisher, raw_topic
 from keylane.records import (
     RAW_PREFIX_BYTES,
     RECORD_TOO_LARGE,
@@ -37,7 +38,6 @@ from keylane.records import (
     position_of,
     too_large_emit,
 )
-from keylane.stages.agent import Publisher, raw_topic
 from keylane.wire import ErrorRecord, decode
 
 OLD_FAUST_DEFAULT = 1_000_000

@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from keylane.authoring.memory import Memory, MemoryOverflow
+from keylane.cells import MemoryBlob, MemoryEntry
 from keylane.core.replay_cache import MAX_BYTES, MAX_ENTRIES, TTL_MS, ReplayCache
-from keylane.core.state import MemoryBlob, MemoryEntry
 from keylane.llm.types import LlmRequest, LlmResponse, cache_key
 
 NOW = 1_700_000_000_000

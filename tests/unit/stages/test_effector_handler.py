@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from keylane.authoring.tools import ToolRegistry
-from keylane.kafka.faust_glue import expected_partition
+from keylane.kafka.partitioner import expected_partition
 from keylane.records import ORIGIN_HEADER, Emit
 from keylane.signing import Keyring
 from keylane.stages.effector.claims import ClaimRecord, ClaimStore

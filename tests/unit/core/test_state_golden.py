@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from keylane.cells import MemoryBlob, MemoryEntry
 from keylane.core.state import (
     STATE_SCHEMA_VERSION,
     ArmedTimer,
@@ -13,8 +14,6 @@ from keylane.core.state import (
     Continuation,
     CorruptState,
     KeyState,
-    MemoryBlob,
-    MemoryEntry,
     OutboxRecord,
     PendingIntent,
     StateFromTheFuture,
@@ -24,7 +23,7 @@ from keylane.core.state import (
 
 # The msgpack bytes of reference_state(1), written by schema version 1. Version 2 only added
 # fields with defaults (identity streams, settled intents), so a v1 blob still decodes and
-# its logical-topic ``applied`` entries are read as they were (see activation._applied_offset).
+# its logical-topic ``applied`` entries are read as they were (see core.outbox.applied_offset).
 # Its buffered event still carries the ``payload`` copy that version 3 no longer stores.
 GOLDEN_V1_HEX = (
     "8ab473746174655f736368656d615f76657273696f6e01a373657107a66d656d6f727981a7656e747269657382a46e61"

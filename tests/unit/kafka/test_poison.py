@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from keylane.kafka import faust_glue
-from keylane.kafka.faust_glue import POISON_ATTEMPTS, _handle_or_dead_letter
+from keylane.kafka import lane_feed
+from keylane.kafka.lane_feed import POISON_ATTEMPTS, _handle_or_dead_letter
 
 
 def an_event() -> Any:
@@ -18,7 +18,7 @@ def an_event() -> Any:
 
 @pytest.fixture(autouse=True)
 def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(faust_glue, "POISON_BACKOFF_S", 0.0)
+    monkeypatch.setattr(lane_feed, "POISON_BACKOFF_S", 0.0)
 
 
 async def test_a_record_that_always_fails_is_dead_lettered_once_after_bounded_attempts() -> None:

@@ -1,0 +1,35 @@
+"""The MEMORY cell's format, below both its users: the authoring API's Memory facade stages
+it during an activation, and the core's KeyState (keylane.core.state) stores it in the key's
+one state record.
+
+msgspec structs encoded as msgpack with field names; ``encoded_size`` measures a value as the
+state blob stores it. The rest of a key's cells are keylane.core.state's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class MemoryEntry(msgspec.Struct, kw_only=True):
+    """One memory value: a scalar, or a ring (a bounded list, oldest first)."""
+
+    value: Any
+    ring: bool = False
+    last_access_ms: int = 0
+
+
+class MemoryBlob(msgspec.Struct, kw_only=True):
+    """The MEMORY cell."""
+
+    entries: dict[str, MemoryEntry] = msgspec.field(default_factory=dict)
+
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encoded_size(value: Any) -> int:
+    """Bytes of one value (a memory value, a cell, a cell's entry) as the state blob stores it."""
+    return len(_encoder.encode(value))

@@ -1,0 +1,227 @@
+"""The offset guard: keylane's OffsetLedger, not Faust's acks, decides what an app's input topics commit.
+
+Faust's commit offsets can pass records keylane never processed around a rebalance (see
+service/keylane/core/offsets.py). ``guard_offsets`` puts keylane's OffsetLedger in charge of
+the input topics of an app: after each assignment their partitions are sought to the
+committed offset (or the log start), records are admitted strictly in offset order
+(``feed_lanes`` in service/keylane/kafka/lane_feed.py), and the consumer commits the ledger's
+marks instead of Faust's acks. The Faust Consumer methods this takes are wrapped in
+service/keylane/kafka/patches.py.
+
+* On revocation Faust drops the revoked partitions' acks before it waits for their records
+  and never commits them; ``OffsetGuard.commit_revoked`` commits the ledger's marks there.
+* Faust's ``Consumer.seek`` calls aiokafka's ``seek`` from the caller's thread, while
+  aiokafka's fetcher runs in Faust's consumer thread and iterates the same dict of fetched
+  records: a seek landing mid-iteration crashed the worker (KeyError in
+  ``fetched_records``). Every seek keylane makes goes through ``seek_wait``, which Faust runs
+  in the consumer thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from faust.types import TP
+
+from keylane import metrics
+from keylane.core.lanes import LaneScheduler, WindowHooks
+from keylane.core.offsets import OffsetLedger
+from keylane.kafka.patches import wrap_faust_consumer
+
+log = logging.getLogger(__name__)
+
+_GUARD_ATTR = "_keylane_offset_guard"
+REBALANCE_GRACE_S = 10.0
+RESEEK_AFTER_S = 5.0
+PROBE_TIMEOUT_MS = 5000
+REVOKE_COMMIT_TIMEOUT_S = 10.0
+
+
+class OffsetGuard:
+    """An app's OffsetLedger, the topics it governs, and how gaps are resolved."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.ledger = OffsetLedger()
+        self.topics: set[str] = set()
+        self.lanes: list[LaneScheduler] = []
+        self.grace_s = REBALANCE_GRACE_S
+        """How long running activations may go on after a revocation before they are cancelled."""
+        self._sought: dict[tuple[str, int], tuple[int, float]] = {}
+        self._probe: AIOKafkaConsumer | None = None
+        self._seeks: set[asyncio.Task[None]] = set()
+        self.window_hooks = WindowHooks(full=self.pause, room=self.resume)
+
+    def governs(self, topic: str) -> bool:
+        return topic in self.topics
+
+    async def position(self, consumer: Any, committed: Mapping[Any, int | None]) -> None:
+        """After Faust's seek to committed: seek every governed partition to its start.
+
+        ``committed`` is what the group coordinator answered for this assignment. Not Faust's
+        ``_read_offset``: Faust advances that for every record its fetcher delivers, so by the
+        time this runs it can already stand past records nobody processed.
+        """
+        tps = [tp for tp in consumer.assignment() if tp.topic in self.topics]
+        if not tps:
+            return
+        earliest = await consumer.earliest_offsets(*tps)
+        starts = {}
+        for tp in tps:
+            offset = committed.get(tp)
+            starts[tp] = max(offset if offset is not None and offset >= 0 else 0, earliest.get(tp) or 0)
+        await consumer.seek_wait(starts)  # in the consumer thread: see the module docstring
+        for tp, start in starts.items():
+            self.ledger.assigned((tp.topic, tp.partition), start)
+            self._sought.pop((tp.topic, tp.partition), None)
+        log.info("positioned %s input partitions at their committed offsets", len(tps))
+
+    async def revoke_lanes(self) -> None:
+        """On revocation: stop dispatching, let running work finish within the grace period,
+        abandon the rest (released to Faust, never committed: the next owner runs it)."""
+        abandoned = sum(await asyncio.gather(*(lanes.revoke(self.grace_s) for lanes in self.lanes)))
+        if abandoned:
+            log.info("revocation abandoned %s records to the partitions' next owner", abandoned)
+
+    async def commit_revoked(self, consumer: Any, revoked: Iterable[Any]) -> None:
+        """Commit what the lanes finished on the revoked partitions, before they go.
+
+        Faust drops its ack lists of revoked partitions before it waits for their records,
+        so it never commits them: without this, every rebalance hands the next owner
+        everything finished since the last periodic commit, to be read (and re-routed or
+        sharded) again. The commit runs on the consumer's own event loop directly: its
+        method queue may be held by a fetch that waits for the rebalance to end. A commit
+        the group refuses (this member was already fenced) only costs that re-read.
+        """
+        offsets = {}
+        for tp in revoked:
+            if self.governs(tp.topic):
+                mark = self.ledger.committable((tp.topic, tp.partition), None)
+                if mark is not None:
+                    offsets[TopicPartition(tp.topic, tp.partition)] = mark
+        thread = getattr(consumer, "_thread", None)
+        if not offsets or thread is None:
+            return
+        try:
+            commit = thread._ensure_consumer().commit(offsets)
+            done = asyncio.run_coroutine_threadsafe(commit, thread.thread_loop)
+            await asyncio.wait_for(asyncio.wrap_future(done), REVOKE_COMMIT_TIMEOUT_S)
+        except Exception:  # the next owner re-reads from the last commit; identities dedup it
+            log.warning(
+                "could not commit %s revoked partitions; their next owner re-reads them",
+                len(offsets),
+                exc_info=True,
+            )
+            return
+        log.info("committed %s revoked input partitions before handing them over", len(offsets))
+
+    def resume_lanes(self) -> None:
+        for lanes in self.lanes:
+            lanes.resume()
+
+    def pause(self, topic: str, partition: int) -> None:
+        """Stop fetching a topic-partition whose lane window is full."""
+        log.debug("pausing %s/%s: its lane window is full", topic, partition)
+        metrics.PARTITION_PAUSES.labels(str(partition)).inc()
+        self.app.consumer.pause_partitions({TP(topic, partition)})
+
+    def resume(self, topic: str, partition: int) -> None:
+        """Fetch a paused topic-partition again, from the next offset the ledger expects.
+
+        Faust drops fetched records of a partition paused meanwhile (the consumer's position
+        has passed them), so reading restarts at the expected offset; re-read records that
+        were already admitted are dropped as duplicates.
+        """
+        tp = TP(topic, partition)
+        self.app.consumer.resume_partitions({tp})
+        expected = self.ledger.expected((topic, partition))
+        if expected is None:
+            return
+        self._sought[(topic, partition)] = (expected, time.monotonic())
+        seek = asyncio.ensure_future(self._seek((topic, partition), expected))
+        self._seeks.add(seek)
+        seek.add_done_callback(self._seeks.discard)
+
+    async def _seek(self, tp: tuple[str, int], offset: int) -> None:
+        """Seek an assigned partition in the consumer's own thread (see the module docstring).
+        A partition revoked meanwhile is left alone: its next owner positions it."""
+        consumer = self.app.consumer
+        partition = TP(*tp)
+        if partition not in consumer.assignment():
+            return
+        try:
+            await consumer.seek_wait({partition: offset})
+        except Exception:  # revoked between the check and the seek: nothing to read there
+            log.warning("%s/%s: could not seek to %s", *tp, offset, exc_info=True)
+            return
+        self._sought[tp] = (offset, time.monotonic())
+
+    async def resolve_gap(self, tp: tuple[str, int], offset: int) -> bool:
+        """A record arrived ahead of the expected offset. Returns True when the log really has
+        nothing in between (the gap is skipped and the record may be processed); otherwise
+        the consumer is sought back to the expected offset and the record must be dropped."""
+        expected = self.ledger.expected(tp)
+        if expected is None:
+            return False
+        sought = self._sought.get(tp)
+        if sought is not None and sought[0] == expected and time.monotonic() - sought[1] < RESEEK_AFTER_S:
+            return False  # already re-reading from there; this is a record fetched before the seek
+        first = await self._first_offset_from(tp, expected)
+        if first is not None and first >= offset:
+            self.ledger.skip_to(tp, offset)
+            return True
+        log.warning(
+            "%s/%s: offset %s arrived while %s was expected; re-reading from there", *tp, offset, expected
+        )
+        self._sought[tp] = (expected, time.monotonic())
+        await self._seek(tp, expected)
+        return False
+
+    async def _first_offset_from(self, tp: tuple[str, int], offset: int) -> int | None:
+        """The offset of the first record at or after ``offset`` in the log (a separate, group-less
+        consumer reads it), or None when none arrives in time."""
+        if self._probe is None:
+            conf = self.app.conf
+            self._probe = AIOKafkaConsumer(
+                bootstrap_servers=[f"{url.host}:{url.port or 9092}" for url in conf.broker],
+                enable_auto_commit=False,
+                isolation_level=(
+                    "read_committed"
+                    if str(conf.processing_guarantee) == "exactly_once"
+                    else "read_uncommitted"
+                ),
+            )
+            await self._probe.start()
+        partition = TopicPartition(*tp)
+        self._probe.assign([partition])
+        self._probe.seek(partition, offset)
+        batches = await self._probe.getmany(partition, timeout_ms=PROBE_TIMEOUT_MS, max_records=1)
+        records = batches.get(partition, [])
+        return records[0].offset if records else None
+
+    async def close(self) -> None:
+        if self._probe is not None:
+            await self._probe.stop()
+            self._probe = None
+
+
+def guard_offsets(app: Any, topics: Iterable[str]) -> OffsetGuard:
+    """Put keylane's offset ledger in charge of ``topics`` on ``app`` (see the module docstring)."""
+    guard = guard_of(app)
+    if guard is None:
+        wrap_faust_consumer(guard_of)
+        guard = OffsetGuard(app)
+        setattr(app, _GUARD_ATTR, guard)
+    guard.topics.update(topics)
+    return guard
+
+
+def guard_of(app: Any) -> OffsetGuard | None:
+    """The app's OffsetGuard, or None when ``guard_offsets`` never ran on it."""
+    guard: OffsetGuard | None = getattr(app, _GUARD_ATTR, None)
+    return guard

@@ -1,0 +1,196 @@
+"""Every place keylane patches or wraps Faust and aiokafka internals, each with its reason.
+
+Patched here, on the class, once per process (``wrap_faust_consumer``, installed by the first
+``guard_offsets`` call; apps that never call it keep Faust's behaviour), all for the offset
+guard (service/keylane/kafka/offset_guard.py), which puts keylane's OffsetLedger in charge of
+an app's input topics:
+
+* ``ThreadDelegateConsumer.seek_to_committed``: keep what the group coordinator answered for
+  the assignment, for the guard to position the partitions from. The aiokafka driver's
+  consumer takes this method from ThreadDelegateConsumer, which overrides the base class's:
+  wrapping the base one never ran.
+* ``Consumer.perform_seek``: after Faust's seek to committed, the guard seeks every governed
+  partition to its committed offset (or the log start) and tells the ledger.
+* ``Consumer.on_partitions_revoked``: Faust drops the revoked partitions' acks before it
+  waits for their records and never commits them; the lanes settle their records while
+  Faust waits, and the guard commits the ledger's marks before the partitions go.
+* ``Consumer._new_offset``: the consumer commits the ledger's marks instead of Faust's acks
+  for governed topics.
+* ``Consumer._drain_messages``: Faust's fetch loop drops every record below its
+  ``_read_offset``, which it advances for each record it fetches, ahead of processing: after
+  the ledger seeks a partition back (a gap, a resumed pause), a record of an earlier fetch
+  batch moved it past the re-read and the re-read was dropped, stalling the partition for
+  good. For governed topics the loop sees no read offset (``_UnfilteredReadOffsets``); the
+  ledger drops duplicates itself.
+
+Each patched attribute is checked to exist on its class when this module is imported
+(``check_patchable``: a faust-streaming outside ``FAUST_PIN`` fails with its version named),
+and each wrap is checked, when installed, to be what the aiokafka driver's consumer class
+really runs (a method a subclass overrides is never reached).
+
+Faust and aiokafka internals keylane reaches without patching them:
+
+* Faust's private ``faust.streams._current_event`` context variable, set per lane job
+  (``event_context`` in service/keylane/kafka/lane_feed.py): Faust tables choose the RocksDB
+  and changelog partition of a read or write from the current event, which Faust sets only
+  inside its own stream iteration, and lane tasks run outside it.
+* The wraps above read and reset the Consumer's ``_read_offset``, ``_acked``,
+  ``_acked_index`` and ``_committed_offset``; ``OffsetGuard.commit_revoked`` commits through
+  the consumer thread's aiokafka consumer (``_thread._ensure_consumer()``, ``thread_loop``),
+  because the consumer's method queue may be held by a fetch waiting for the rebalance.
+* ``app.tables.recovery.completed`` (``recovery_completed`` in service/keylane/kafka/app.py):
+  the TableManager's recovery, which its Protocol does not declare.
+* ``AIOKafkaAdminClient._client`` (service/keylane/kafka/topic_admin.py): the public admin
+  API asks one broker for metadata; keylane asks each.
+
+Public API keylane overrides, listed for completeness (not patches): ``Table.send_changelog``
+is wrapped per table instance by ``track_changelog`` (service/keylane/kafka/delivery.py);
+``ConfirmedTopic`` overrides ``Topic.send`` (delivery.py); the app's Table class overrides
+``__init__`` and ``on_start`` (service/keylane/kafka/app.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import faust
+from faust.transport.consumer import Consumer as FaustConsumer
+from faust.transport.consumer import ThreadDelegateConsumer, ensure_TP
+from faust.transport.drivers.aiokafka import Consumer as AIOKafkaDriverConsumer
+
+from keylane.errors import ConfigError
+
+if TYPE_CHECKING:
+    from keylane.kafka.offset_guard import OffsetGuard
+
+FAUST_PIN = ">=0.15.2,<0.16"
+"""The faust-streaming range these patches are written for (pyproject.toml pins the same)."""
+
+PATCHED: tuple[tuple[type, str], ...] = (
+    (ThreadDelegateConsumer, "seek_to_committed"),
+    (FaustConsumer, "perform_seek"),
+    (FaustConsumer, "on_partitions_revoked"),
+    (FaustConsumer, "_new_offset"),
+    (FaustConsumer, "_drain_messages"),
+)
+"""(class, attribute) of every patch ``wrap_faust_consumer`` installs."""
+
+
+def check_patchable(targets: Iterable[tuple[type, str]]) -> None:
+    """Raise ConfigError, naming the installed faust-streaming and the pinned range, when an
+    attribute keylane patches is missing from its class (a Faust release renamed it)."""
+    missing = [
+        f"{cls.__module__}.{cls.__qualname__}.{name}" for cls, name in targets if not hasattr(cls, name)
+    ]
+    if missing:
+        raise ConfigError(
+            f"keylane patches {', '.join(missing)}, which faust-streaming {faust.__version__} does "
+            f"not have; install faust-streaming{FAUST_PIN} (the range pyproject.toml pins)"
+        )
+
+
+check_patchable(PATCHED)
+
+
+class _UnfilteredReadOffsets(defaultdict[Any, int | None]):
+    """Faust's read offsets, reading as None for governed topics so its fetch loop drops
+    nothing there (see the module docstring); writes and other topics are Faust's as before."""
+
+    def __init__(self, guard: OffsetGuard, offsets: Mapping[Any, int | None]) -> None:
+        super().__init__(lambda: None, offsets)
+        self._guard = guard
+
+    def __getitem__(self, tp: Any) -> int | None:
+        if self._guard.governs(tp.topic):
+            return None
+        return super().__getitem__(tp)
+
+
+_wrapped = False
+
+
+def wrap_faust_consumer(guard_of: Callable[[Any], OffsetGuard | None]) -> None:
+    """Install the Consumer wraps of the module docstring, once per process; ``guard_of(app)``
+    is the app's OffsetGuard, or None for an app whose offsets Faust keeps."""
+    global _wrapped
+    if _wrapped:
+        return
+    _wrapped = True
+    perform_seek = FaustConsumer.perform_seek
+    seek_to_committed = ThreadDelegateConsumer.seek_to_committed  # see the module docstring
+    on_partitions_revoked = FaustConsumer.on_partitions_revoked
+    new_offset = FaustConsumer._new_offset
+    drain_messages = FaustConsumer._drain_messages
+
+    async def drain_unfiltered(self: Any, fetcher: Any) -> None:
+        guard = guard_of(self.app)
+        if guard is not None and not isinstance(self._read_offset, _UnfilteredReadOffsets):
+            self._read_offset = _UnfilteredReadOffsets(guard, self._read_offset)
+        await drain_messages(self, fetcher)
+
+    async def seek_to_committed_and_keep(self: Any) -> Any:
+        committed = await seek_to_committed(self)
+        self._keylane_committed = dict(committed)  # what the coordinator said, for position()
+        return committed
+
+    async def perform_seek_then_position(self: Any) -> None:
+        self._keylane_committed = {}
+        await perform_seek(self)
+        guard = guard_of(self.app)
+        if guard is not None:
+            await guard.position(self, {ensure_TP(tp): o for tp, o in self._keylane_committed.items()})
+
+    async def revoke_from_ledger(self: Any, revoked: Any) -> None:
+        guard = guard_of(self.app)
+        if guard is None or not any(guard.governs(tp.topic) for tp in revoked):
+            await on_partitions_revoked(self, revoked)
+            return
+        # Faust waits for every record it handed out to be acked; the lanes settle them all
+        # (finished, or released after the grace period) while it waits.
+        revoking = asyncio.ensure_future(guard.revoke_lanes())
+        try:
+            await on_partitions_revoked(self, revoked)
+            await revoking
+            await guard.commit_revoked(self, revoked)
+        finally:
+            for tp in revoked:
+                guard.ledger.revoked((tp.topic, tp.partition))
+            guard.resume_lanes()
+
+    def ledger_offset(self: Any, tp: Any) -> int | None:
+        guard = guard_of(self.app)
+        if guard is None or not guard.governs(tp.topic):
+            return new_offset(self, tp)
+        # Faust's ack list for this partition is not the truth here; drop it so it cannot grow.
+        self._acked[tp].clear()
+        self._acked_index[tp].clear()
+        return guard.ledger.committable((tp.topic, tp.partition), self._committed_offset.get(tp))
+
+    ThreadDelegateConsumer.seek_to_committed = seek_to_committed_and_keep  # type: ignore[method-assign]
+    FaustConsumer.perform_seek = perform_seek_then_position  # type: ignore[method-assign]
+    FaustConsumer.on_partitions_revoked = revoke_from_ledger  # type: ignore[method-assign]
+    FaustConsumer._new_offset = ledger_offset  # type: ignore[method-assign]
+    FaustConsumer._drain_messages = drain_unfiltered  # type: ignore[method-assign]
+    _check_wrapped(
+        {
+            "seek_to_committed": seek_to_committed_and_keep,
+            "perform_seek": perform_seek_then_position,
+            "on_partitions_revoked": revoke_from_ledger,
+            "_new_offset": ledger_offset,
+            "_drain_messages": drain_unfiltered,
+        }
+    )
+
+
+def _check_wrapped(wrappers: Mapping[str, Callable[..., Any]]) -> None:
+    """Fail loudly when the consumer class Faust actually runs does not reach a wrapper (a
+    Faust release that overrides the method in a subclass)."""
+    for name, wrapper in wrappers.items():
+        if getattr(AIOKafkaDriverConsumer, name, None) is not wrapper:
+            raise ConfigError(
+                f"keylane's offset guard cannot wrap Faust's Consumer.{name} on faust-streaming "
+                f"{faust.__version__}; install faust-streaming{FAUST_PIN} (the range pyproject.toml pins)"
+            )

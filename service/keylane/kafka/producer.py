@@ -1,0 +1,30 @@
+"""A plain Kafka producer (acks=all) for the one-off records the CLI sends, outside any Faust app."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from aiokafka import AIOKafkaProducer
+
+from keylane.config import Settings
+from keylane.errors import BrokerUnavailable
+
+
+@asynccontextmanager
+async def producer(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
+    """``async with producer(settings) as p: await p.send_and_wait(topic, key=..., value=...)``:
+    a started producer on the settings' bootstrap servers, stopped on exit. BrokerUnavailable
+    when no broker answers."""
+    client = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_list, acks="all")
+    try:
+        await client.start()
+    except Exception as exc:
+        await client.stop()
+        raise BrokerUnavailable(
+            f"cannot reach Kafka at {settings.bootstrap_servers}; check KEYLANE_BOOTSTRAP_SERVERS"
+        ) from exc
+    try:
+        yield client
+    finally:
+        await client.stop()
