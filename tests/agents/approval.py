@@ -2,6 +2,10 @@
 
 Its timeout policy is a pure function of the FallbackContext: keys starting with "drop-"
 are dropped, "escalate-" keys escalate once to the "managers" channel, the rest are denied.
+
+Keys a test answers ("approve-", "reject-", "kcat-") wait HITL_ANSWER_WAIT_MS (two minutes by
+default): on a busy machine the CLI calls that answer them take seconds, and a deadline that
+fires first turns an approval into a fail-closed denial. The others wait HITL_WAIT_MS.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from keylane import (
 )
 
 WAIT_MS = int(os.environ.get("HITL_WAIT_MS", "4000"))
+ANSWER_WAIT_MS = int(os.environ.get("HITL_ANSWER_WAIT_MS", "120000"))
+ANSWERED = (b"approve-", b"reject-", b"kcat-")
 
 
 def on_timeout(context: FallbackContext) -> Deny | Drop | Escalate:
@@ -41,4 +47,5 @@ async def ask_first(ctx: ActivationContext) -> Complete | Suspend:
         decision = "approved" if ctx.resume_approval.approved else "denied"
         return Complete(output=f"{decision} by {ctx.resume_approval.approver}".encode())
     ctx.request_approval(json.dumps({"refund": ctx.event.decode()}))
-    return Suspend(timeout_ms=WAIT_MS)
+    answered = ctx.entity_key.startswith(ANSWERED)
+    return Suspend(timeout_ms=ANSWER_WAIT_MS if answered else WAIT_MS)

@@ -53,7 +53,7 @@ async def requests_for(settings: Settings, catalog: Catalog, count: int) -> dict
 async def test_approve_deny_kcat_and_every_timeout_fallback(
     settings: Settings, catalog: Catalog, tmp_path: Path
 ) -> None:
-    keys = ["approve-1", "deny-1", "kcat-1", "deny-timeout-1", "drop-1", "escalate-1"]
+    keys = ["approve-1", "reject-1", "kcat-1", "deny-timeout-1", "drop-1", "escalate-1"]
     env = process_env(settings, HITL_WAIT_MS="5000")
     with running(KeylaneProcess(AGENT, env, tmp_path / "worker.log")):
         await produce(
@@ -80,9 +80,9 @@ async def test_approve_deny_kcat_and_every_timeout_fallback(
             settings,
             "approve",
             "--key",
-            "deny-1",
+            "reject-1",
             "--intent",
-            requests["deny-1"].intent_id,
+            requests["reject-1"].intent_id,
             "--approver",
             "bob",
             "--deny",
@@ -129,7 +129,7 @@ async def test_approve_deny_kcat_and_every_timeout_fallback(
 
     assert by_key(outputs) == {
         b"approve-1": [b"approved by ann"],
-        b"deny-1": [b"denied by bob"],
+        b"reject-1": [b"denied by bob"],
         b"kcat-1": [b"approved by kcat"],
         b"deny-timeout-1": [b"__hitl_timeout__"],
         b"escalate-1": [b"approved by manager"],
