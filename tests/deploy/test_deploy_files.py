@@ -16,7 +16,7 @@ def test_compose_services_run_valid_keylane_commands() -> None:
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 
     services = compose["services"]
-    assert set(services) == {"kafka", "topics", "worker", "effector"}
+    assert set(services) == {"kafka", "topics", "worker", "effector", "prometheus", "grafana"}
     assert services["kafka"]["image"].startswith("apache/kafka:3.9.")
     for name in ("topics", "worker", "effector"):
         service = services[name]
