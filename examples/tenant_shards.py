@@ -29,8 +29,6 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiokafka import AIOKafkaProducer
-
 from keylane import (
     ActivationContext,
     AgentConfig,
@@ -43,6 +41,7 @@ from keylane import (
 )
 from keylane.catalog import EVENTS, OUTPUT, load_catalog
 from keylane.config import Settings
+from keylane.kafka.producer import produce_in_order
 from keylane.kafka.topic_admin import admin_client, apply_catalog
 from keylane.kafka.topic_reader import read_to_end
 from keylane.testing.processes import KeylaneProcess, settings_env
@@ -169,13 +168,9 @@ class Shard:
         values = [
             encode(AgentEnvelope(payload=json.dumps({"run": run, "step": step}))) for step in PLAN[self.name]
         ]
-        producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap_list, acks="all")
-        await producer.start()
-        try:
-            for value in values:
-                await producer.send_and_wait(self.catalog.name(EVENTS), key=self.name.encode(), value=value)
-        finally:
-            await producer.stop()
+        await produce_in_order(
+            self.settings, self.catalog.name(EVENTS), [(self.name.encode(), v) for v in values]
+        )
 
     async def answers(self, run: int) -> dict[str, dict[str, object]]:
         """This run's outputs by step (the answer to each step this run issued)."""

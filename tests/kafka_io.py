@@ -1,4 +1,5 @@
-"""Test helpers that read and write real topics: aiokafka for reading, kcat for writing."""
+"""Test helpers that read and write real topics: aiokafka for reading, kcat and the package's
+producer (``produce``: keylane.kafka.producer.produce_in_order) for writing."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import shutil
 import subprocess
 from collections.abc import Callable
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 
 from keylane.config import Settings
+from keylane.kafka.producer import produce_in_order as produce
 from keylane.kafka.topic_reader import TopicRecord, read_to_end
+
+__all__ = ["consume", "kcat_produce", "produce", "wait_for_records"]
 
 
 async def consume(
@@ -66,14 +70,3 @@ async def wait_for_records(
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"condition not met on {topic} within {timeout_s}s; {len(records)} records")
         await asyncio.sleep(0.5)
-
-
-async def produce(settings: Settings, topic: str, records: list[tuple[bytes | None, bytes]]) -> None:
-    """Produce (key, value) pairs with aiokafka (murmur2 partitioner, acks=all), in order."""
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_list, acks="all")
-    await producer.start()
-    try:
-        for key, value in records:
-            await producer.send_and_wait(topic, key=key, value=value)
-    finally:
-        await producer.stop()

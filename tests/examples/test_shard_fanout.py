@@ -12,11 +12,10 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from keylane.catalog import EVENTS, OUTPUT, Catalog
 from keylane.config import Settings
-from tests.kafka_io import consume
+from tests.kafka_io import consume, produce
 from tests.processes import KeylaneProcess, process_env, running
 
 pytestmark = pytest.mark.kafka
@@ -57,13 +56,7 @@ async def test_fan_out_example_lands_where_the_doc_says(
     )
 
     with running(worker):
-        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_list, acks="all")
-        await producer.start()
-        try:
-            for value in doc.events():
-                await producer.send_and_wait(catalog.name(EVENTS), key=doc.HOT_KEY, value=value)
-        finally:
-            await producer.stop()
+        await produce(settings, catalog.name(EVENTS), [(doc.HOT_KEY, value) for value in doc.events()])
         outputs = [value for _, value in await consume(settings, catalog.name(OUTPUT), 8, timeout_s=90)]
 
     shard_of_event = {}

@@ -13,9 +13,9 @@ import pytest
 
 from keylane.catalog import EVENTS, OUTPUT, Catalog
 from keylane.config import Settings
+from keylane.testing.processes import free_port
 from keylane.wire import AgentEnvelope, encode
 from tests.integration.test_redelivery import by_id, metric
-from tests.integration.test_worker import free_port
 from tests.kafka_io import produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
 

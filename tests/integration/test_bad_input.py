@@ -12,8 +12,9 @@ import pytest
 from keylane.catalog import APPROVALS, ERRORS, EVENTS, INTENTS, OUTPUT, RESULTS, Catalog
 from keylane.config import Settings
 from keylane.kafka.topic_reader import read_to_end
+from keylane.testing.processes import free_port
 from keylane.wire import AgentEnvelope, Approval, ErrorRecord, ToolResult, decode, encode
-from tests.integration.test_worker import free_port, http_get
+from tests.integration.test_worker import http_get
 from tests.kafka_io import produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
 

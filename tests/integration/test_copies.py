@@ -21,10 +21,10 @@ from keylane.catalog import ERRORS, EVENTS, EVENTS_SHARDED, OUTPUT, RESULTS, Cat
 from keylane.config import Settings
 from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.topic_reader import read_to_end
+from keylane.testing.processes import free_port
 from keylane.wire import AgentEnvelope, encode
 from tests.integration.stream_checks import tool_runs
 from tests.integration.test_redelivery import by_id, metric, rewind_group
-from tests.integration.test_worker import free_port
 from tests.kafka_io import kcat_produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
 

@@ -14,8 +14,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from keylane.catalog import ERRORS, EVENTS, INTENTS, OUTPUT, RESULTS, Catalog
 from keylane.config import Settings
 from keylane.kafka.topic_reader import TopicRecord, partition_ids, read_to_end
+from keylane.testing.processes import free_port
 from keylane.wire import AgentEnvelope, ErrorRecord, decode, encode
-from tests.integration.test_worker import free_port, http_get
+from tests.integration.test_worker import http_get
 from tests.kafka_io import produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from keylane.catalog import EVENTS, Catalog
 from keylane.config import Settings
-from tests.kafka_io import consume, kcat_produce
+from tests.kafka_io import consume, kcat_produce, produce
 
 pytestmark = pytest.mark.kafka
 
@@ -15,13 +14,7 @@ pytestmark = pytest.mark.kafka
 async def test_produce_consume_round_trip(settings: Settings, catalog: Catalog) -> None:
     topic = catalog.name(EVENTS)
     sent = [(f"key-{i}".encode(), f"value-{i}".encode() + bytes([0, 255, i])) for i in range(20)]
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_list, acks="all")
-    await producer.start()
-    try:
-        for key, value in sent:
-            await producer.send_and_wait(topic, value=value, key=key)
-    finally:
-        await producer.stop()
+    await produce(settings, topic, sent)
 
     received = await consume(settings, topic, len(sent))
 

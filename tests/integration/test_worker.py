@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -17,19 +15,9 @@ from keylane.catalog import EVENTS, OUTPUT, Catalog
 from keylane.config import Settings
 from keylane.testing.processes import free_port
 from tests.kafka_io import consume, kcat_produce
+from tests.processes import KeylaneProcess, process_env
 
 pytestmark = pytest.mark.kafka
-
-
-def worker_env(settings: Settings, metrics_port: int = 0) -> dict[str, str]:
-    return {
-        **os.environ,
-        "KEYLANE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-        "KEYLANE_TOPIC_PREFIX": settings.topic_prefix,
-        "KEYLANE_APP_ID": settings.app_id,
-        "KEYLANE_DATA_DIR": str(settings.data_dir),
-        "KEYLANE_METRICS_PORT": str(metrics_port),
-    }
 
 
 def http_get(url: str) -> tuple[int, str]:
@@ -45,27 +33,19 @@ def metrics_port() -> int:
 @pytest.fixture
 def worker(
     settings: Settings, catalog: Catalog, tmp_path: Path, metrics_port: int
-) -> Iterator[subprocess.Popen[bytes]]:
-    log_path = tmp_path / "worker.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "keylane.cli", "worker", "--agent", "examples.echo:agent"],
-            env=worker_env(settings, metrics_port),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    yield proc
-    proc.send_signal(signal.SIGTERM)
-    try:
-        assert proc.wait(timeout=30) == 0, log_path.read_text()[-2000:]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise
+) -> Iterator[KeylaneProcess]:
+    process = KeylaneProcess(
+        ["worker", "--agent", "examples.echo:agent"],
+        process_env(settings, KEYLANE_METRICS_PORT=str(metrics_port)),
+        tmp_path / "worker.log",
+    )
+    process.start()
+    yield process
+    assert process.stop() == 0, process.tail()
 
 
 async def test_worker_echoes_records_produced_by_kcat(
-    settings: Settings, catalog: Catalog, worker: subprocess.Popen[bytes]
+    settings: Settings, catalog: Catalog, worker: KeylaneProcess
 ) -> None:
     kcat_produce(
         settings,
@@ -76,11 +56,11 @@ async def test_worker_echoes_records_produced_by_kcat(
     echoed = await consume(settings, catalog.name(OUTPUT), 2, timeout_s=60)
 
     assert sorted(echoed) == [(b"entity-1", b"first"), (b"entity-2", b"second")]
-    assert worker.poll() is None, "the worker must keep running"
+    assert worker.running, "the worker must keep running"
 
 
 async def test_worker_serves_prometheus_metrics(
-    settings: Settings, catalog: Catalog, worker: subprocess.Popen[bytes], metrics_port: int
+    settings: Settings, catalog: Catalog, worker: KeylaneProcess, metrics_port: int
 ) -> None:
     kcat_produce(settings, catalog.name(EVENTS), b'k|{"v":1,"payload":"v"}\n')
     await consume(settings, catalog.name(OUTPUT), 1, timeout_s=60)  # the worker is up by now
@@ -95,7 +75,7 @@ async def test_worker_serves_prometheus_metrics(
 def test_worker_refuses_to_start_without_topics(settings: Settings) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "keylane.cli", "worker", "--agent", "examples.echo:agent"],
-        env=worker_env(settings),
+        env=process_env(settings),
         capture_output=True,
         text=True,
         timeout=60,

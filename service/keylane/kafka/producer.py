@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 
 from aiokafka import AIOKafkaProducer
@@ -28,3 +28,13 @@ async def producer(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
         yield client
     finally:
         await client.stop()
+
+
+async def produce_in_order(
+    settings: Settings, topic: str, records: Iterable[tuple[bytes | None, bytes | None]]
+) -> None:
+    """Produce (key, value) pairs to ``topic`` one after another, each confirmed before the
+    next (so a key's records keep their order), with the default murmur2 partitioner."""
+    async with producer(settings) as client:
+        for key, value in records:
+            await client.send_and_wait(topic, key=key, value=value)

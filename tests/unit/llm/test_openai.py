@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from keylane.llm import (
@@ -16,6 +14,7 @@ from keylane.llm import (
     ServerError,
     ToolCall,
 )
+from keylane.testing.processes import free_port
 from tests.llm_servers import FakeOpenAIServer
 
 WEATHER_TOOL = {
@@ -184,9 +183,7 @@ async def test_a_read_timeout_is_a_provider_timeout(openai_server: FakeOpenAISer
 
 
 async def test_nobody_listening_is_provider_unavailable() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     provider = OpenAIProvider(f"http://127.0.0.1:{port}/v1", "m", connect_timeout_s=1)
     try:
         with pytest.raises(
