@@ -25,7 +25,7 @@ Results (names from bench/names.py):
 * ``peer_aiokafka_loop`` / ``peer_faust_table``: rate = records/s of each peer on the same
   pre-filled input topic (run before keylane, each with its own consumer group);
 * ``per_key_ceiling``: rate = activations/s of one hot key with a 50 ms FakeLLM call;
-  extra: ``mean_activation_ms`` (keylane_activation_ms sum / count from /metrics),
+  extra: ``mean_activation_ms`` (keylane_activation_duration_seconds sum / count from /metrics, in ms),
   ``bound_rate`` = 1000 / mean_activation_ms, ``ratio`` = rate / bound_rate;
 * ``hot_key_fanout_n{N}``: the same hot key behind ShardKeys(N); extra: ``shards``,
   ``ratio_to_n1``, ``spread`` (outputs per physical key), ``partitions`` (the partition,

@@ -27,9 +27,10 @@ def scrape(port: int) -> dict[str, float]:
 
 
 async def mean_activation_ms(port: int) -> tuple[float, int]:
-    """E[activation_ms] and the activation count, from a worker's /metrics."""
+    """E[activation_ms] (in milliseconds, from the seconds of
+    ``keylane_activation_duration_seconds``) and the activation count, from a worker's /metrics."""
     samples = await asyncio.to_thread(scrape, port)
-    count = samples.get("keylane_activation_ms_count", 0.0)
+    count = samples.get("keylane_activation_duration_seconds_count", 0.0)
     if not count:
         raise BenchFailure(f"/metrics on port {port} shows no activations")
-    return samples["keylane_activation_ms_sum"] / count, int(count)
+    return samples["keylane_activation_duration_seconds_sum"] * 1000 / count, int(count)

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """`make run`: a local Kafka, the catalog's topics, the example agent's worker and the
-effector, stopped together by Ctrl-C.
+effector, and a Prometheus scraping both, stopped together by Ctrl-C.
 
 Order: start (or reuse) the broker in $KEYLANE_KAFKA_STATE (default .kafka-local); apply
-the topic catalog; start the worker (examples/support_agent.py, or $KEYLANE_AGENT) and the
-effector, each logging to <data dir>/logs/ (copied to the screen, prefixed with its name);
-print where everything is once both are ready; wait. On Ctrl-C or SIGTERM the processes are
-stopped first, then the broker, but only if this run started it.
+the topic catalog; start Prometheus (deploy/local_prometheus.py: the `prometheus` binary,
+jobs keylane-worker and keylane-effector, the rules in deploy/prometheus/rules/, its data in
+<data dir>/prometheus/) on $KEYLANE_PROMETHEUS_PORT (default 9090, or a free port when 9090
+is taken; 0: no Prometheus); start the worker (examples/support_agent.py, or $KEYLANE_AGENT)
+and the effector, each logging to <data dir>/logs/ (copied to the screen, prefixed with its
+name); print where everything is once both are ready; wait. On Ctrl-C or SIGTERM the
+processes are stopped first, then Prometheus, then the broker, but only if this run started it.
 """
 
 from __future__ import annotations
@@ -14,20 +17,27 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from keylane.testing.processes import KeylaneProcess
+from keylane.testing.processes import KeylaneProcess, ManagedProcess, ProcessFailed, free_port
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "kafka"))
 
 import local_kafka  # noqa: E402  (a script beside this one, not an installed package)
+import local_prometheus  # noqa: E402  (deploy/local_prometheus.py, beside this one)
 
 WORKER_STOP_TIMEOUT_S = 30
+PROMETHEUS_STOP_TIMEOUT_S = 10
+DEFAULT_PROMETHEUS_PORT = 9090
+# As deploy/prometheus/prometheus.yml scrapes the compose stack.
+SCRAPE_INTERVAL = "5s"
+EVALUATION_INTERVAL = "15s"
 
 
 def main() -> int:
@@ -44,6 +54,7 @@ def main() -> int:
     env.setdefault("KEYLANE_DATA_DIR", str(state_dir.parent / ".keylane-data"))
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     agent = env.get("KEYLANE_AGENT", "examples.support_agent:agent")
+    worker_metrics_port = env.get("KEYLANE_METRICS_PORT", "9464")
     effector_metrics_port = env.get("KEYLANE_EFFECTOR_METRICS_PORT", "9465")
     tools = env.get("KEYLANE_TOOLS", agent.partition(":")[0])
     log_dir = Path(env["KEYLANE_DATA_DIR"]) / "logs"
@@ -54,15 +65,23 @@ def main() -> int:
     processes = {
         name: KeylaneProcess(args, env, log_dir / f"{name}.log", name=name) for name, args in commands.items()
     }
+    prometheus: ManagedProcess | None = None
     try:
         apply_topics = [sys.executable, "-m", "keylane.cli", "topics", "apply"]
         applied = subprocess.run(apply_topics, env=env, check=False)
         if applied.returncode != 0:
             return applied.returncode
+        metrics = {"keylane-worker": worker_metrics_port, "keylane-effector": effector_metrics_port}
+        try:
+            prometheus, prometheus_line = _start_prometheus(env, metrics)
+        except (local_prometheus.PrometheusMissing, ProcessFailed, ValueError) as exc:
+            print(f"make run: Prometheus did not start: {exc}", file=sys.stderr)
+            return 1
         for process in processes.values():
             process.launch()
         where = _where(cluster.bootstrap, state_dir, env, log_dir, reused=already_running is not None)
         where = where.replace("{effector_metrics_port}", effector_metrics_port)
+        where = where.replace("{prometheus}", prometheus_line)
         return _relay_output(processes, announce_when_ready=where)
     except KeyboardInterrupt:
         print("\nmake run: stopping", flush=True)
@@ -70,6 +89,8 @@ def main() -> int:
     finally:
         for process in processes.values():
             process.stop(WORKER_STOP_TIMEOUT_S)
+        if prometheus is not None:
+            prometheus.stop(PROMETHEUS_STOP_TIMEOUT_S)
         if already_running is None:
             local_kafka.stop(state_dir, quiet=True)
             print(f"make run: kafka at {cluster.bootstrap} stopped", flush=True)
@@ -77,6 +98,41 @@ def main() -> int:
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def _start_prometheus(
+    env: dict[str, str], metrics_ports: dict[str, str]
+) -> tuple[ManagedProcess | None, str]:
+    """Start Prometheus scraping each job's 127.0.0.1:<port> (a port of 0 serves no metrics and
+    gets no target), its configuration, TSDB and log in <data dir>/prometheus/. Returns the
+    process (None when $KEYLANE_PROMETHEUS_PORT is 0) and what the "running" block shows."""
+    chosen = env.get("KEYLANE_PROMETHEUS_PORT")
+    if chosen is not None and not chosen.isdigit():
+        raise ValueError(f"KEYLANE_PROMETHEUS_PORT must be a port number (0: no Prometheus), got {chosen!r}")
+    port = DEFAULT_PROMETHEUS_PORT if chosen is None else int(chosen)
+    if port == 0:
+        return None, "off (KEYLANE_PROMETHEUS_PORT=0)"
+    note = ""
+    if chosen is None and not _port_free(port):
+        port = free_port()
+        note = f" ({DEFAULT_PROMETHEUS_PORT} is taken)"
+    targets = {job: [f"127.0.0.1:{p}"] for job, p in metrics_ports.items() if p != "0"}
+    config = local_prometheus.scrape_config(
+        targets, scrape_interval=SCRAPE_INTERVAL, evaluation_interval=EVALUATION_INTERVAL
+    )
+    data_dir = Path(env["KEYLANE_DATA_DIR"]) / "prometheus"
+    process = local_prometheus.launch(config, data_dir, port=port)
+    url = local_prometheus.url(port)
+    return process, f"{url}{note} (/targets, /alerts; its data and log in {data_dir})"
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def _relay_output(processes: dict[str, KeylaneProcess], *, announce_when_ready: str) -> int:
@@ -127,11 +183,13 @@ def _where(bootstrap: str, state_dir: Path, env: dict[str, str], log_dir: Path, 
             f"  topics     {prefix}agent.* (keylane topics list)",
             f"  metrics    http://127.0.0.1:{env.get('KEYLANE_METRICS_PORT', '9464')}/metrics (worker), "
             "http://127.0.0.1:{effector_metrics_port}/metrics (effector)",
+            "  prometheus {prometheus}",
             f'  produce    echo \'customer-1|{{"v":1,"payload":"I want a refund"}}\' | '
             f"kcat -b {bootstrap} -t {prefix}agent.events -P -K '|'",
             f"  consume    kcat -b {bootstrap} -t {prefix}agent.output -C -K '|' -o beginning",
             f"  errors     kcat -b {bootstrap} -t {prefix}agent.errors -C -o beginning",
-            "  stop       Ctrl-C (stops the worker, the effector and the broker this run started)",
+            "  stop       Ctrl-C (stops the worker, the effector, Prometheus, and the broker if this run "
+            "started it)",
             "",
             "",
         ]

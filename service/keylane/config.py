@@ -66,6 +66,12 @@ class Settings:
     """Consumer-group session timeout: how long a crashed worker keeps its partitions before
     the group moves them (KEYLANE_SESSION_TIMEOUT_S; the broker's minimum is 6)."""
 
+    group_instance_id: str | None = None
+    """The consumer's static group membership id, unique per process of the group, stable
+    across its restarts (KEYLANE_GROUP_INSTANCE_ID, e.g. the pod name). None: dynamic
+    membership. A static member that stops sends no LeaveGroup, and rejoining within the
+    session timeout gets its partitions back without a rebalance (docs/deploy.md)."""
+
     provider: str = ""
     """The worker's model provider as a URL, replacing the agent config's provider_factory
     (KEYLANE_PROVIDER; see docs/providers.md). Empty: the agent config decides."""
@@ -99,6 +105,12 @@ class Settings:
                 raise ConfigError(f"{variable}=require needs keys: set KEYLANE_SIGNING_KEYS=keyid:secret")
         if self.session_timeout_s < 6:
             raise ConfigError("KEYLANE_SESSION_TIMEOUT_S must be at least 6 (the broker's minimum)")
+        instance = self.group_instance_id
+        if instance is not None and (not instance.strip() or not instance.isprintable()):
+            raise ConfigError(
+                f"KEYLANE_GROUP_INSTANCE_ID={instance!r} must be a non-empty printable name, unique per "
+                "process and stable across its restarts (e.g. the pod name); unset it for dynamic membership"
+            )
         if not _TOPIC_CHARS.match(self.app_id) or not self.app_id:
             raise ConfigError(f"app id {self.app_id!r} must be non-empty and use a-z A-Z 0-9 . _ -")
 
@@ -135,6 +147,8 @@ class Settings:
             values["metrics_port"] = _int(env, "KEYLANE_METRICS_PORT")
         if env.get("KEYLANE_SESSION_TIMEOUT_S"):
             values["session_timeout_s"] = _float(env, "KEYLANE_SESSION_TIMEOUT_S")
+        if "KEYLANE_GROUP_INSTANCE_ID" in env:  # set but empty is refused, not read as unset
+            values["group_instance_id"] = env["KEYLANE_GROUP_INSTANCE_ID"]
         for variable, name in (
             ("KEYLANE_SIGNING_KEYS", "signing_keys"),
             ("KEYLANE_INTENT_SIGNATURES", "intent_signatures"),

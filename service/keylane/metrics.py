@@ -1,26 +1,91 @@
 """Every Prometheus metric keylane exports, declared once.
 
+Names follow Prometheus' conventions: durations in seconds (``*_seconds`` histograms), sizes
+in bytes (``*_bytes``), counters ending in ``_total`` (prometheus_client adds it to a
+Counter's name). ``gen_ai_client_*`` are OpenTelemetry's GenAI client metrics as Prometheus
+translates them (``gen_ai.client.operation.duration`` and ``gen_ai.client.token.usage``,
+with OpenTelemetry's advised buckets). docs/operations.md lists them all; the table in
+tests/deploy/metric_contract.py is checked against this registry both ways.
+
 Identities the tests hold (counted when a record is handed to the producer, so a
 re-published outbox record counts again, exactly like the record it adds to the topic):
 
 * ``keylane_intents_emitted_total`` == records on agent.intents;
-* ``keylane_agent_errors_total`` + ``keylane_orphaned_results_total`` == records on agent.errors.
+* ``keylane_agent_errors_total`` + ``keylane_orphaned_results_total`` == records on agent.errors;
+* ``gen_ai_client_operation_duration_seconds_count`` == ``keylane_llm_calls_total`` (one
+  observation per provider call; replay-cache hits count neither).
 
-Labels are bounded: ``reason`` and ``detail`` come from fixed vocabularies, never from ids
-or keys.
+Labels are bounded: ``reason``, ``detail``, ``kind``, ``status``… come from fixed vocabularies
+(``zero_fixed_labels`` exports each value as 0 from start-up, so a ``rate()`` of them exists
+before the first event), ``topic`` from the catalog, ``partition`` from the topics' partition
+counts, ``error``/``error_type`` from exception classes, and the ``gen_ai_*`` labels from the
+provider and the model ids the agent's code asks for: never from ids, keys or payloads.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from collections.abc import Iterable
+from typing import get_args
 
-_MS_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
+
+from keylane.records import OrphanDetail
+from keylane.wire import ErrorReason, TimerKind, ToolStatus
+
+# One series per counter, not two: the ``*_created`` samples are OpenMetrics' business, and no
+# query of keylane's reads them.
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it untyped
+
+SECONDS_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+"""Durations: from keylane's sub-millisecond overhead to multi-second model calls."""
+GEN_AI_DURATION_BUCKETS = (
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+)
+"""OpenTelemetry's advised boundaries for ``gen_ai.client.operation.duration``."""
+GEN_AI_TOKEN_BUCKETS = tuple(4**i for i in range(14))
+"""OpenTelemetry's advised boundaries for ``gen_ai.client.token.usage``: 1, 4, 16, … 67108864."""
 _BYTES_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 524288, 786432, 1048576)
-_TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
+_GEN_AI = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model"]
+_TOPIC_PARTITION = ["topic", "partition"]
+
+GEN_AI_CHAT = "chat"
+"""``gen_ai_operation_name`` of every model call keylane makes (OpenTelemetry's well-known value)."""
+
+# -- activations ------------------------------------------------------------------------------
 
 ACTIVATIONS = Counter("keylane_activations", "Committed activations (starts and resumes).", ["kind"])
-LLM_CALLS = Counter("keylane_llm_calls", "Model calls that reached the provider.")
-LLM_CACHE_HITS = Counter("keylane_llm_cache_hits", "Model calls answered by the replay cache.")
 TOOL_CALLS = Counter("keylane_tool_calls", "Read-only tool calls run inline.")
 INTENTS_EMITTED = Counter("keylane_intents_emitted", "Records produced to agent.intents.")
 AGENT_ERRORS = Counter(
@@ -65,30 +130,41 @@ UNSIGNED = Counter(
 TIMERS_FIRED = Counter("keylane_timers_fired", "Due timer fires applied by a key's lane.", ["kind"])
 TIMERS_IGNORED = Counter("keylane_timers_ignored", "Timer fires ignored as stale, early or duplicate.")
 TIMERS_SENT = Counter("keylane_timers_sent", "Timer-fired commands sent by the scan.", ["kind"])
+WAITING_KEYS = Gauge(
+    "keylane_waiting_keys",
+    "Keys of this worker's partitions suspended now, by what they wait for: approval (at least "
+    "one approval request pending) or tool (tool results only).",
+    ["kind"],
+)
 
-ACTIVATION_MS = Histogram(
-    "keylane_activation_ms", "Wall time of one activation, model and tools included.", buckets=_MS_BUCKETS
+ACTIVATION_SECONDS = Histogram(
+    "keylane_activation_duration_seconds",
+    "Wall time of one activation, model and tools included.",
+    buckets=SECONDS_BUCKETS,
 )
-OVERHEAD_MS = Histogram(
-    "keylane_overhead_ms", "Activation wall time minus model and tool time.", buckets=_MS_BUCKETS
+OVERHEAD_SECONDS = Histogram(
+    "keylane_activation_overhead_seconds",
+    "Activation wall time minus model and tool time: keylane's own cost.",
+    buckets=SECONDS_BUCKETS,
 )
-LLM_MS = Histogram("keylane_llm_ms", "Wall time of one provider call.", buckets=_MS_BUCKETS)
 MEMORY_BYTES = Histogram(
     "keylane_memory_bytes", "Committed memory size per activation.", buckets=_BYTES_BUCKETS
 )
-RATE_LIMIT_WAIT_MS = Histogram(
-    "keylane_rate_limit_wait_ms",
+
+# -- model calls ------------------------------------------------------------------------------
+
+LLM_CALLS = Counter("keylane_llm_calls", "Model calls that reached the provider.")
+LLM_CACHE_HITS = Counter("keylane_llm_cache_hits", "Model calls answered by the replay cache.")
+LLM_SECONDS = Histogram(
+    "keylane_llm_call_duration_seconds",
+    "Wall time of one model call that reached the provider: rate-limit wait, retries and backoff included.",
+    buckets=SECONDS_BUCKETS,
+)
+RATE_LIMIT_WAIT_SECONDS = Histogram(
+    "keylane_rate_limit_wait_seconds",
     "Time a provider call waited for its key's or the worker's rate limit.",
-    buckets=_MS_BUCKETS,
+    buckets=SECONDS_BUCKETS,
 )
-TOKENS_PER_CALL = Histogram(
-    "keylane_tokens_per_call",
-    "Tokens per provider call (prompt + completion), as the provider reported them.",
-    buckets=_TOKEN_BUCKETS,
-)
-PROMPT_TOKENS = Counter("keylane_prompt_tokens", "Prompt tokens the provider reported.")
-COMPLETION_TOKENS = Counter("keylane_completion_tokens", "Completion tokens the provider reported.")
-TOKENS = Counter("keylane_tokens", "Prompt + completion tokens the provider reported.")
 LLM_ERRORS = Counter(
     "keylane_llm_errors", "Provider calls that failed after retries, by error class.", ["error"]
 )
@@ -96,6 +172,22 @@ LLM_RETRIES = Counter("keylane_llm_retries", "Provider attempts retried, by erro
 LLM_BREAKER_OPEN = Gauge(
     "keylane_llm_breaker_open", "1 while the provider's circuit breaker is open or half-open, else 0."
 )
+GEN_AI_DURATION = Histogram(
+    "gen_ai_client_operation_duration_seconds",
+    "GenAI operation duration (OpenTelemetry gen_ai.client.operation.duration): one provider "
+    "call, its retries included; error_type is the error's class when it failed, else empty.",
+    [*_GEN_AI, "error_type"],
+    buckets=GEN_AI_DURATION_BUCKETS,
+)
+GEN_AI_TOKENS = Histogram(
+    "gen_ai_client_token_usage",
+    "Tokens per provider call as the provider reported them, input and output (OpenTelemetry "
+    "gen_ai.client.token.usage).",
+    [*_GEN_AI, "gen_ai_token_type"],
+    buckets=GEN_AI_TOKEN_BUCKETS,
+)
+
+# -- lanes and partitions ---------------------------------------------------------------------
 
 IN_FLIGHT = Gauge("keylane_in_flight", "Records being processed now, per partition.", ["partition"])
 LANE_QUEUE_DEPTH = Gauge(
@@ -113,9 +205,32 @@ PARTITION_PAUSES = Counter(
     "Times fetching stopped for a topic-partition whose lane window was full.",
     ["partition"],
 )
-LANE_WAIT_MS = Histogram(
-    "keylane_lane_wait_ms", "Time a record waited for its lane before it ran.", buckets=_MS_BUCKETS
+LANE_WAIT_SECONDS = Histogram(
+    "keylane_lane_wait_seconds",
+    "Time a record waited for its lane before it ran.",
+    buckets=SECONDS_BUCKETS,
 )
+
+# Consumer position of each input partition assigned to this process (docs/operations.md, "Lag").
+CONSUMER_LAG = Gauge(
+    "keylane_consumer_lag",
+    "Records between the group's committed offset and the log end of an assigned input partition.",
+    _TOPIC_PARTITION,
+)
+CONSUMER_COMMITTED_OFFSET = Gauge(
+    "keylane_consumer_committed_offset",
+    "The group's committed offset of an assigned input partition (before its first commit: the "
+    "offset reading started from).",
+    _TOPIC_PARTITION,
+)
+CONSUMER_LAST_COMMIT = Gauge(
+    "keylane_consumer_last_commit_timestamp_seconds",
+    "Unix time of the last commit that advanced an assigned input partition's offset (its "
+    "assignment, until this process commits it).",
+    _TOPIC_PARTITION,
+)
+
+# -- the effector -----------------------------------------------------------------------------
 
 EFFECTOR_INTENTS = Counter(
     "keylane_effector_intents", "Intents the effector finished, by status.", ["status"]
@@ -126,6 +241,7 @@ EFFECTOR_REPUBLISHED = Counter(
 )
 
 # The effector's in-doubt window (docs/effector.md).
+IN_DOUBT_RESOLUTIONS = ("reconciled_done", "reconciled_not_done", "rerun", "error", "expired")
 EFFECTOR_IN_DOUBT = Counter(
     "keylane_effector_in_doubt",
     "Intents found claimed without an outcome after their lease (an attempt died mid-tool), "
@@ -133,7 +249,9 @@ EFFECTOR_IN_DOUBT = Counter(
     ["resolution"],
 )
 
-# Size discipline of a key's state: queued events and the whole blob (docs/runtime.md).
+# -- size discipline of a key's state: queued events and the whole blob (docs/runtime.md) ------
+
+BUFFER_LIMITS = ("events", "bytes", "state")
 BUFFERED_EVENTS_REJECTED = Counter(
     "keylane_buffered_events_rejected",
     "Events for a suspended key dead-lettered as buffer_full, by the limit they met: events "
@@ -168,3 +286,43 @@ RECORDS_TOO_LARGE = Counter(
     "carrying a sha256 and a prefix of its bytes instead.",
     ["topic"],
 )
+
+# -- the process ------------------------------------------------------------------------------
+
+INFO = Gauge(
+    "keylane_info",
+    "1 for each keylane process: its role (worker, effector), app id, topic prefix and version.",
+    ["role", "app_id", "topic_prefix", "version"],
+)
+
+WAITING_KINDS = ("approval", "tool")
+UNSIGNED_KINDS = ("intent", "approval", "result")
+ACTIVATION_KINDS = ("start", "resume")
+
+
+def zero_fixed_labels() -> None:
+    """Export every value of each fixed label vocabulary as 0, so that a ``rate()`` of it
+    exists (and the dashboards show 0, not "no data") before its first event. Labels from the
+    catalog (``topic``), the assignment (``partition``) or the provider are zeroed where those
+    are known (``zero``)."""
+    zero(ACTIVATIONS, ACTIVATION_KINDS)
+    zero(AGENT_ERRORS, (r for r in get_args(ErrorReason) if r != "orphaned_result"))  # orphans: below
+    zero(ORPHANED_RESULTS, get_args(OrphanDetail))
+    zero(UNSIGNED, UNSIGNED_KINDS)
+    zero(UNAWAITED_RESULTS, ("result", "approval"))
+    zero(TIMERS_FIRED, get_args(TimerKind))
+    zero(TIMERS_SENT, get_args(TimerKind))
+    zero(EFFECTOR_INTENTS, get_args(ToolStatus))
+    zero(EFFECTOR_IN_DOUBT, IN_DOUBT_RESOLUTIONS)
+    zero(BUFFERED_EVENTS_REJECTED, BUFFER_LIMITS)
+
+
+def zero(counter: Counter, values: Iterable[str]) -> None:
+    """Make ``counter``'s series for each of ``values`` exist (at 0 until counted)."""
+    for value in values:
+        counter.labels(value)
+
+
+def set_info(*, role: str, app_id: str, topic_prefix: str, version: str) -> None:
+    """``keylane_info{role, app_id, topic_prefix, version} 1`` for this process."""
+    INFO.labels(role, app_id, topic_prefix, version).set(1)

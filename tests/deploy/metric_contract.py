@@ -1,15 +1,16 @@
 """The metrics keylane's workers and effectors export, as the dashboards and alert rules in
 deploy/ may use them: names, types and labels (the table in docs/operations.md).
 
-For now a list kept by hand; a later change replaces CONTRACT by what the live registry
-(keylane.metrics) exposes, and the checks in tests/deploy/ then hold the dashboards and rules to
-the code itself.
+CONTRACT is the expected table; ``registry_metrics()`` reads the same from the live registry
+(prometheus_client's REGISTRY once keylane.metrics, where every keylane metric is declared, is
+imported), and tests/deploy/test_metric_contract.py holds the two equal both ways. So the checks
+of the dashboards and rules against CONTRACT hold them to the code itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, cast
 
 # Every scraped series carries these, whatever the metric.
 TARGET_LABELS = frozenset({"job", "instance"})
@@ -67,6 +68,14 @@ CONTRACT: tuple[Metric, ...] = (
     Metric("keylane_effector_in_doubt", "counter", ("resolution",)),
     Metric("keylane_buffered_events_rejected", "counter", ("limit",)),
     Metric("keylane_state_over_limit", "counter"),
+    # Counters no dashboard or rule reads: diagnostics docs/runtime.md explains.
+    Metric("keylane_records_rerouted", "counter", ("topic",)),
+    Metric("keylane_streams_restarted", "counter", ("topic",)),
+    Metric("keylane_unawaited_results", "counter", ("kind",)),
+    Metric("keylane_memory_soft_cap_warnings", "counter"),
+    Metric("keylane_timers_ignored", "counter"),
+    Metric("keylane_timers_sent", "counter", ("kind",)),
+    Metric("keylane_state_cache_trimmed", "counter"),
     # Histograms.
     Metric("keylane_activation_duration_seconds", "histogram"),
     Metric("keylane_activation_overhead_seconds", "histogram"),
@@ -75,6 +84,7 @@ CONTRACT: tuple[Metric, ...] = (
     Metric("keylane_llm_call_duration_seconds", "histogram"),
     Metric("keylane_state_bytes", "histogram"),
     Metric("keylane_memory_bytes", "histogram"),
+    Metric("keylane_buffered_depth", "histogram"),
     # OpenTelemetry GenAI, as Prometheus translates them.
     Metric("gen_ai_client_operation_duration_seconds", "histogram", (*_GEN_AI, "error_type")),
     Metric("gen_ai_client_token_usage", "histogram", (*_GEN_AI, "gen_ai_token_type")),
@@ -99,3 +109,29 @@ def exposed_series() -> dict[str, frozenset[str]]:
     for metric in CONTRACT:
         series.update(metric.exposed())
     return series
+
+
+# The prefixes of keylane's own metric families; the rest of the registry is prometheus_client's
+# process and platform collectors.
+PREFIXES = ("keylane_", "gen_ai_")
+
+
+def registry_metrics() -> tuple[Metric, ...]:
+    """Every keylane metric family the live registry exports, as a contract row: its name,
+    type and label names (in declaration order), sorted by name."""
+    from prometheus_client import REGISTRY
+
+    import keylane.metrics  # noqa: F401 - declares (registers) every keylane metric
+
+    collectors = cast(dict[str, Any], REGISTRY._names_to_collectors)  # name -> its metric object
+    found = []
+    for family in REGISTRY.collect():
+        if not family.name.startswith(PREFIXES):
+            continue
+        collector = collectors[family.name]
+        labels = tuple(collector._labelnames)
+        for sample in family.samples:  # what is exported carries exactly those labels
+            assert set(sample.labels) - {"le"} == set(labels), (family.name, sample)
+        kind = cast(Literal["counter", "histogram", "gauge"], family.type)
+        found.append(Metric(family.name, kind, labels))
+    return tuple(sorted(found, key=lambda metric: metric.name))

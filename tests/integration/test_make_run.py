@@ -1,5 +1,6 @@
-"""What `make run` runs (deploy/run_local.py): broker, topics, worker and effector up; the
-commands it prints work as printed; Ctrl-C leaves nothing behind."""
+"""What `make run` runs (deploy/run_local.py): broker, topics, worker, effector and a
+Prometheus scraping both up; the commands and addresses it prints work as printed; Ctrl-C
+leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
+from keylane.testing.processes import free_port
 from tests.broker import REPO, local_kafka
+from tests.prometheus import Prometheus, local_prometheus
 
 pytestmark = pytest.mark.kafka
 
@@ -40,16 +43,18 @@ def printed_command(shown: str, label: str) -> str:
 
 def start_run_local(tmp_path: Path, name: str) -> subprocess.Popen[bytes]:
     """`make run` (deploy/run_local.py) as a user starts it: its Kafka state in tmp_path/kafka,
-    its topics and group named after ``name``, nothing exported about the broker. The log goes
-    to tmp_path/run.log; a new session stands in for the terminal (Ctrl-C signals the group)."""
+    its topics and group named after ``name``, nothing exported about the broker, free ports for
+    the metrics and Prometheus. The log goes to tmp_path/run.log; a new session stands in for
+    the terminal (Ctrl-C signals the group)."""
     env = {
         **os.environ,
         "KEYLANE_KAFKA_STATE": str(tmp_path / "kafka"),
         "KEYLANE_DATA_DIR": str(tmp_path / "data"),
         "KEYLANE_TOPIC_PREFIX": f"{name}.",
         "KEYLANE_APP_ID": f"keylane-{name}",
-        "KEYLANE_METRICS_PORT": "0",
-        "KEYLANE_EFFECTOR_METRICS_PORT": "0",
+        "KEYLANE_METRICS_PORT": str(free_port()),
+        "KEYLANE_EFFECTOR_METRICS_PORT": str(free_port()),
+        "KEYLANE_PROMETHEUS_PORT": str(free_port()),
         "SUPPORT_LEDGER": str(tmp_path / "ledger.jsonl"),
     }
     for variable in ("KEYLANE_BOOTSTRAP_SERVERS", "KEYLANE_REPLICATION_FACTOR"):
@@ -92,6 +97,12 @@ def test_run_local_serves_the_example_and_ctrl_c_stops_everything(tmp_path: Path
             "text": "We have started your refund.",
         }
 
+        prometheus_url = printed_command(shown, "prometheus").split()[0]
+        assert local_prometheus().answers_ready(prometheus_url), f"{prometheus_url}/-/ready"
+        targets = Prometheus(prometheus_url).wait_targets_up({"keylane-worker", "keylane-effector"})
+        assert len(targets) == 2, targets
+        assert (tmp_path / "data" / "prometheus" / "data").is_dir(), "its TSDB is under the run's data dir"
+
         os.killpg(proc.pid, signal.SIGINT)
 
         assert proc.wait(timeout=60) == 0, log_path.read_text()[-3000:]
@@ -100,6 +111,7 @@ def test_run_local_serves_the_example_and_ctrl_c_stops_everything(tmp_path: Path
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert "kafka at 127.0.0.1:" in log_path.read_text()
+    assert not local_prometheus().answers_ready(prometheus_url), "Ctrl-C stopped Prometheus"
     for pid in broker_pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

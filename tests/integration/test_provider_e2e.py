@@ -21,6 +21,12 @@ from tests.processes import KeylaneProcess, process_env, running
 
 pytestmark = pytest.mark.kafka
 
+# The OpenTelemetry GenAI series of the support agent's calls (service/keylane/metrics.py), their
+# labels in the order /metrics prints them (sorted by name).
+CHAT = 'gen_ai_operation_name="chat",gen_ai_provider_name="openai",gen_ai_request_model="support-model"'
+TOKENS = "gen_ai_client_token_usage_sum"
+DURATION = "gen_ai_client_operation_duration_seconds_count"
+
 
 @pytest.fixture
 def model_server() -> Iterator[FakeOpenAIServer]:
@@ -68,9 +74,10 @@ async def test_tool_loop_over_an_openai_server_then_a_replay_without_http(
                 settings, catalog.name(OUTPUT), lambda records: len(records) == 1, timeout_s=90
             )
             assert await metric(port, "keylane_llm_calls_total") == 3
-            assert await metric(port, "keylane_prompt_tokens_total") == 10 + 10 + 30
-            assert await metric(port, "keylane_completion_tokens_total") == 5 + 5 + 4
-            assert await metric(port, "keylane_tokens_total") == 64
+            assert await metric(port, f'{TOKENS}{{{CHAT},gen_ai_token_type="input"}}') == 10 + 10 + 30
+            assert await metric(port, f'{TOKENS}{{{CHAT},gen_ai_token_type="output"}}') == 5 + 5 + 4
+            assert await metric(port, f"{TOKENS}{{{CHAT},") == 64
+            assert await metric(port, f'{DURATION}{{error_type="",{CHAT}}}') == 3, "one per provider call"
         assert output.value == b"Refunded order A7."
         assert model_server.count == 3
         first, second, third = model_server.bodies

@@ -38,6 +38,26 @@ def test_kafka_bootstrap_servers_is_a_fallback() -> None:
     assert Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": "k:9"}).bootstrap_servers == "k:9"
 
 
+def test_group_instance_id_makes_the_consumer_a_static_member(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Faust lets its own CONSUMER_GROUP_INSTANCE_ID win over its constructor's argument.
+    monkeypatch.setenv("CONSUMER_GROUP_INSTANCE_ID", "shared-by-every-pod")
+
+    static = Settings.from_env({"KEYLANE_GROUP_INSTANCE_ID": "keylane-worker-1"})
+    dynamic = Settings.from_env({})
+
+    assert static.group_instance_id == "keylane-worker-1"
+    assert dynamic.group_instance_id is None
+    assert build_app(static, load_catalog()).conf.consumer_group_instance_id == "keylane-worker-1"
+    assert build_app(dynamic, load_catalog()).conf.consumer_group_instance_id is None
+
+
+@pytest.mark.parametrize("value", ["", "   ", "w\n0", "w\x000"])
+def test_a_blank_or_unprintable_group_instance_id_is_refused(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"^KEYLANE_GROUP_INSTANCE_ID=.* must be a non-empty") as info:
+        Settings.from_env({"KEYLANE_GROUP_INSTANCE_ID": value})
+    assert "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("prefix", ["has space.", "slash/", "x" * 201, ".", "ünïcode."])
 def test_illegal_prefixes_are_refused(prefix: str) -> None:
     with pytest.raises(ConfigError, match="prefix"):

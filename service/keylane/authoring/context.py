@@ -20,7 +20,7 @@ from keylane.authoring.memory import Memory
 from keylane.authoring.ratelimit import ProviderLimiter
 from keylane.authoring.tools import ToolRegistry, ToolSpec, UnknownTool
 from keylane.errors import KeylaneError
-from keylane.llm.types import LlmRequest, LlmResponse, Provider, cache_key
+from keylane.llm.types import LlmRequest, LlmResponse, Provider, cache_key, provider_name, requested_model
 from keylane.wire import Approval, ToolIntent, ToolResult
 
 
@@ -60,10 +60,10 @@ class StagedApproval:
 
 @dataclass
 class ActivationStats:
-    """Time spent outside the runtime, for overhead_ms = activation_ms - llm - tools."""
+    """Time spent outside the runtime, for overhead = activation time - model - tools."""
 
-    llm_ms: float = 0.0
-    tool_ms: float = 0.0
+    llm_s: float = 0.0
+    tool_s: float = 0.0
     llm_calls: int = 0
     cache_hits: int = 0
     tokens: int = 0
@@ -129,24 +129,30 @@ class ActivationContext:
         if self._limiter is not None:
             waited = await self._limiter.acquire(self.entity_key)
             if waited:
-                metrics.RATE_LIMIT_WAIT_MS.observe(waited * 1000)
+                metrics.RATE_LIMIT_WAIT_SECONDS.observe(waited)
+        provider, model = provider_name(self._provider), requested_model(self._provider, request)
+        gen_ai = (metrics.GEN_AI_CHAT, provider, model)
+        calling = time.perf_counter()
+        error_type = ""
         try:
             response = await self._provider.complete(request)
         except Exception as exc:
-            metrics.LLM_ERRORS.labels(type(exc).__name__).inc()
+            error_type = type(exc).__name__
+            metrics.LLM_ERRORS.labels(error_type).inc()
+            raise
+        except BaseException as exc:  # cancelled (the activation's deadline): not a success either
+            error_type = type(exc).__name__
             raise
         finally:
-            elapsed_ms = (time.perf_counter() - started) * 1000
-            self.stats.llm_ms += elapsed_ms
+            ended = time.perf_counter()
+            self.stats.llm_s += ended - started
             self.stats.llm_calls += 1
             metrics.LLM_CALLS.inc()
-            metrics.LLM_MS.observe(elapsed_ms)
-        tokens = response.prompt_tokens + response.completion_tokens
-        if tokens:
-            metrics.TOKENS_PER_CALL.observe(tokens)
-            metrics.TOKENS.inc(tokens)
-            metrics.PROMPT_TOKENS.inc(response.prompt_tokens)
-            metrics.COMPLETION_TOKENS.inc(response.completion_tokens)
+            metrics.LLM_SECONDS.observe(ended - started)
+            metrics.GEN_AI_DURATION.labels(*gen_ai, error_type).observe(ended - calling)
+        if response.prompt_tokens or response.completion_tokens:
+            metrics.GEN_AI_TOKENS.labels(*gen_ai, "input").observe(response.prompt_tokens)
+            metrics.GEN_AI_TOKENS.labels(*gen_ai, "output").observe(response.completion_tokens)
         self._cache.put(key, response, now_ms=self.now_ms)
         self._charge(response)
         return response
@@ -195,7 +201,7 @@ class ActivationContext:
         try:
             return await spec.execute(args)
         finally:
-            self.stats.tool_ms += (time.perf_counter() - started) * 1000
+            self.stats.tool_s += time.perf_counter() - started
             self.stats.tool_calls += 1
 
     def _refuse_read_only(self, tool: str) -> None:

@@ -395,10 +395,10 @@ class KeyRuntime:
                 outcome = await self.agent(ctx)
                 ctx.check_budget()  # an agent that caught BudgetExceeded still does not commit
         except BudgetExceeded as exc:
-            metrics.ACTIVATION_MS.observe((time.perf_counter() - started) * 1000)
+            metrics.ACTIVATION_SECONDS.observe(time.perf_counter() - started)
             raise ActivationFailed("budget_exceeded", str(exc)) from None
         except TimeoutError:
-            metrics.ACTIVATION_MS.observe((time.perf_counter() - started) * 1000)
+            metrics.ACTIVATION_SECONDS.observe(time.perf_counter() - started)
             if deadline.expired():
                 raise ActivationFailed(
                     "activation_timeout", f"activation exceeded {timeout_s}s at step {ctx.step_index}"
@@ -407,7 +407,7 @@ class KeyRuntime:
                 "activation_error", f"TimeoutError() failed_at_step={ctx.step_index}"
             ) from None
         except Exception as exc:
-            metrics.ACTIVATION_MS.observe((time.perf_counter() - started) * 1000)
+            metrics.ACTIVATION_SECONDS.observe(time.perf_counter() - started)
             raise ActivationFailed("activation_error", f"{exc!r} failed_at_step={ctx.step_index}") from exc
         finally:
             CALL_DEADLINE.reset(deadline_token)
@@ -423,7 +423,7 @@ class KeyRuntime:
             raise ActivationFailed(
                 "activation_error", f"{what} must be bytes, got {type(carried).__name__}; encode it first"
             )
-        wall_ms = (time.perf_counter() - started) * 1000
+        wall_s = time.perf_counter() - started
 
         pending = dict(state.pending) if cont is not None else {}
         still_waiting = (
@@ -478,8 +478,8 @@ class KeyRuntime:
 
         memory_blob = ctx.memory.to_blob()
         metrics.ACTIVATIONS.labels("resume" if resume is not None else "start").inc()
-        metrics.ACTIVATION_MS.observe(wall_ms)
-        metrics.OVERHEAD_MS.observe(max(0.0, wall_ms - ctx.stats.llm_ms - ctx.stats.tool_ms))
+        metrics.ACTIVATION_SECONDS.observe(wall_s)
+        metrics.OVERHEAD_SECONDS.observe(max(0.0, wall_s - ctx.stats.llm_s - ctx.stats.tool_s))
         metrics.MEMORY_BYTES.observe(ctx.memory.total_bytes)
         metrics.TOOL_CALLS.inc(ctx.stats.tool_calls)
         if soft_cap_hit:

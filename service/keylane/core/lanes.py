@@ -246,7 +246,7 @@ class _SchedulerBase:
     async def execute(self, work: Job, queued_at: float, label: str, *, lane: object) -> None:
         """Run one record's work, keeping the lane metrics; a failure stops the scheduler."""
         metrics.LANE_QUEUE_DEPTH.labels(label).dec()
-        metrics.LANE_WAIT_MS.observe((time.perf_counter() - queued_at) * 1000)
+        metrics.LANE_WAIT_SECONDS.observe(time.perf_counter() - queued_at)
         metrics.IN_FLIGHT.labels(label).inc()
         try:
             await work()

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from msgspec.structs import replace
 
-from keylane.core.state import ArmedTimer, KeyState
+from keylane.core.state import ArmedTimer, IntentKind, KeyState
 from keylane.wire import TimerFired, TimerKind
 
 RESEND_AFTER_MS = 30_000
@@ -62,8 +62,21 @@ COMPACT_FACTOR = 4  # a key has at most two timers, each with a pending and a re
 COMPACT_SLACK = 1024
 
 
+def waiting_for(state: KeyState | None) -> IntentKind | None:
+    """What a key waits for: None when it is not suspended, "approval" when at least one of
+    the intents its suspension waits for is an approval request, else "tool"."""
+    if state is None or state.continuation is None:
+        return None
+    for intent_id in state.continuation.pending_intent_ids:
+        intent = state.pending.get(intent_id)
+        if intent is not None and intent.kind == "approval":
+            return "approval"
+    return "tool"
+
+
 class TimerIndex:
-    """Which keys of this worker's partitions have timers, and when they are due.
+    """Which keys of this worker's partitions have timers, and when they are due; and how
+    many of them are suspended, by what they wait for (``waiting``).
 
     Derived from committed states only, so it can always be rebuilt from the table.
     """
@@ -72,12 +85,30 @@ class TimerIndex:
         self._by_key: dict[bytes, dict[TimerKind, ArmedTimer]] = {}
         self._heap: list[tuple[int, bytes, TimerKind, str]] = []
         self._sent: dict[tuple[bytes, str], int] = {}  # (key, token) -> when it was sent
+        self._waiting: dict[bytes, IntentKind] = {}
+        self._waiting_counts: dict[IntentKind, int] = {"approval": 0, "tool": 0}
 
     def __len__(self) -> int:
         return len(self._by_key)
 
+    def waiting(self, kind: IntentKind) -> int:
+        """How many keys are suspended now waiting for ``kind`` (``waiting_for``)."""
+        return self._waiting_counts[kind]
+
+    def _set_waiting(self, key: bytes, kind: IntentKind | None) -> None:
+        old = self._waiting.get(key)
+        if old == kind:
+            return
+        if old is not None:
+            self._waiting_counts[old] -= 1
+            del self._waiting[key]
+        if kind is not None:
+            self._waiting_counts[kind] += 1
+            self._waiting[key] = kind
+
     def update(self, key: bytes, state: KeyState | None) -> None:
         """Record a key's committed timers (None: the key was deleted)."""
+        self._set_waiting(key, waiting_for(state))
         timers = dict(state.timers) if state is not None else {}
         for kind, old in self._by_key.get(key, {}).items():
             if timers.get(kind) != old:
@@ -109,6 +140,8 @@ class TimerIndex:
         self._by_key.clear()
         self._heap.clear()
         self._sent.clear()
+        self._waiting.clear()
+        self._waiting_counts = {"approval": 0, "tool": 0}
         for key, state in states:
             self.update(key, state)
 

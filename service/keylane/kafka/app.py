@@ -1,12 +1,14 @@
 """The Faust app of a worker: built from Settings and the topic catalog, and the app's hooks the stages use.
 
-Stages reach the app's signals, table recovery, consumer positions and worker runner through
-the functions here (``on_shutdown``, ``on_rebalance_complete``, ``recovery_completed``,
-``log_end``, ``run``), so nothing outside service/keylane/kafka/ imports Faust.
+Stages reach the app's signals, table recovery, consumer positions, readiness and worker
+runner through the functions here (``on_shutdown``, ``on_rebalance_complete``,
+``recovery_completed``, ``log_end``, ``readiness``, ``run``), so nothing outside
+service/keylane/kafka/ imports Faust.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,6 +20,7 @@ from mode.utils.times import want_seconds
 
 from keylane.catalog import EVENTS, Catalog
 from keylane.config import Settings
+from keylane.kafka.delivery import delivery_guard
 from keylane.kafka.topic_admin import admin_client, ensure_topic
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,7 @@ def build_app(settings: Settings, catalog: Catalog, *, partitions: int | None = 
         producer_request_timeout=PRODUCE_TIMEOUT_S,
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
+        consumer_group_instance_id=settings.group_instance_id,  # static membership when set
         web_enabled=False,
         autodiscover=False,
         Table=_replicated_table(settings, replication.min_insync_replicas, max_request_bytes(catalog)),
@@ -93,6 +97,9 @@ def build_app(settings: Settings, catalog: Catalog, *, partitions: int | None = 
     # delivery confirmation (service/keylane/kafka/delivery.py) are computed from these two.
     app.conf.producer_max_request_size = max_request_bytes(catalog)
     app.conf.producer_request_timeout = PRODUCE_TIMEOUT_S
+    # And CONSUMER_GROUP_INSTANCE_ID: one value shared by every pod (an envFrom) would make them
+    # fence each other out of the group; the membership is KEYLANE_GROUP_INSTANCE_ID's alone.
+    app.conf.consumer_group_instance_id = settings.group_instance_id  # type: ignore[assignment]  # None (dynamic) is Faust's default; its property is typed str
     return app
 
 
@@ -178,7 +185,77 @@ def log_end(app: faust.App, topic: str, partition: int) -> int | None:
     return end if isinstance(end, int) and end >= 0 else None
 
 
-def run(app: faust.App, *, loglevel: str) -> None:
-    """Run ``app`` in a Faust worker until a signal stops it (raises SystemExit with its code)."""
+class Readiness:
+    """Whether an app is ready to process its input (a process's /readyz), and why not.
+
+    Ready: the app is running, its first partition assignment happened, no rebalance is in
+    progress (Faust's ``rebalancing`` lasts until the tables are recovered and the streams
+    resumed), its tables' recovery is complete, no input partition is stalled, and it is
+    neither crashed nor stopping (a produce failure, a signal). Read from the metrics
+    server's thread: it only reads flags.
+    """
+
+    def __init__(self, app: faust.App) -> None:
+        self.app = app
+        self.assigned = False
+        self.worker: Any = None
+        """The Faust worker running the app (``run`` sets it): its stop begins before the app's."""
+        self.checks: list[Callable[[], str | None]] = []
+        """More reasons not to be ready, each None when fine (the offset guard adds a stalled
+        partition, service/keylane/kafka/consumer_lag.py)."""
+        _connect(app.on_partitions_assigned, self._on_assigned)
+
+    async def _on_assigned(self) -> None:
+        self.assigned = True
+
+    def not_ready(self) -> str | None:
+        """None when ready, else why not, in a few words."""
+        app = self.app
+        if delivery_guard(app).failure is not None:
+            return "a record could not be produced; the process is stopping"
+        if app.crashed:
+            return f"crashed ({type(app.crash_reason).__name__})"
+        if app.should_stop or (self.worker is not None and self.worker.should_stop):
+            return "stopping"
+        if not app.started:
+            return "starting"
+        if not self.assigned:
+            return "waiting for the first partition assignment"
+        if app.rebalancing:
+            return "rebalancing"
+        if not recovery_completed(app):
+            return "recovering tables from their changelogs"
+        for check in self.checks:
+            reason = check()
+            if reason is not None:
+                return reason
+        return None
+
+
+_READINESS_ATTR = "_keylane_readiness"
+
+
+def readiness(app: faust.App) -> Readiness:
+    """The app's Readiness, made on first use (before the app starts: it listens for the
+    first assignment)."""
+    ready: Readiness | None = getattr(app, _READINESS_ATTR, None)
+    if ready is None:
+        ready = Readiness(app)
+        setattr(app, _READINESS_ATTR, ready)
+    return ready
+
+
+def run(
+    app: faust.App,
+    *,
+    loglevel: str,
+    on_loop: Callable[[asyncio.AbstractEventLoop], None] | None = None,
+) -> None:
+    """Run ``app`` in a Faust worker until a signal stops it (raises SystemExit with its code).
+    ``on_loop(loop)`` is called with the event loop the worker runs, before it starts (to
+    schedule a heartbeat on it)."""
     worker = faust.Worker(app, loglevel=loglevel, redirect_stdouts=False)
+    readiness(app).worker = worker
+    if on_loop is not None:
+        on_loop(worker.loop)
     worker.execute_from_commandline()

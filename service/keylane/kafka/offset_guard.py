@@ -15,6 +15,10 @@ service/keylane/kafka/patches.py.
   records: a seek landing mid-iteration crashed the worker (KeyError in
   ``fetched_records``). Every seek keylane makes goes through ``seek_wait``, which Faust runs
   in the consumer thread.
+
+The guard also exports the consumer lag of the partitions it governs
+(service/keylane/kafka/consumer_lag.py): it knows each assignment's committed offsets, sees
+each commit, and forgets a partition when it is revoked.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from faust.types import TP
 from keylane import metrics
 from keylane.core.lanes import LaneScheduler, WindowHooks
 from keylane.core.offsets import OffsetLedger
+from keylane.kafka.app import log_end, readiness
+from keylane.kafka.consumer_lag import LAG_REFRESH_S, CommitSensor, ConsumerLag
 from keylane.kafka.patches import wrap_faust_consumer
 
 log = logging.getLogger(__name__)
@@ -56,6 +62,7 @@ class OffsetGuard:
         self._probe: AIOKafkaConsumer | None = None
         self._seeks: set[asyncio.Task[None]] = set()
         self.window_hooks = WindowHooks(full=self.pause, room=self.resume)
+        self.lag = ConsumerLag()
 
     def governs(self, topic: str) -> bool:
         return topic in self.topics
@@ -79,7 +86,32 @@ class OffsetGuard:
         for tp, start in starts.items():
             self.ledger.assigned((tp.topic, tp.partition), start)
             self._sought.pop((tp.topic, tp.partition), None)
+            offset = committed.get(tp)
+            self.lag.assigned((tp.topic, tp.partition), start if offset is None or offset < 0 else offset)
+            for per_partition in (metrics.PARTITION_PAUSES, metrics.IN_FLIGHT, metrics.LANE_QUEUE_DEPTH):
+                per_partition.labels(str(tp.partition))  # exported (as 0) before the first record
+        self.refresh_lag()
         log.info("positioned %s input partitions at their committed offsets", len(tps))
+
+    def revoked(self, tp: tuple[str, int]) -> None:
+        """``tp`` is no longer ours: nothing of it is admitted or committed, and its lag goes."""
+        self.ledger.revoked(tp)
+        self.lag.revoked(tp)
+
+    def on_commit(self, consumer: Any) -> None:
+        """After a commit: the committed offsets the consumer holds now move the lag gauges.
+        (Faust's ``_committed_offset``: what its commit just wrote, from the ledger's marks.)"""
+        held = consumer._committed_offset
+        for topic, partition in self.lag.partitions():
+            self.lag.committed((topic, partition), held.get(TP(topic, partition)))
+        self.refresh_lag()
+
+    async def refresh_lag_timer(self) -> None:
+        self.refresh_lag()
+
+    def refresh_lag(self) -> None:
+        """Recompute the lag gauges from the consumer's high watermarks."""
+        self.lag.refresh(lambda topic, partition: log_end(self.app, topic, partition))
 
     async def revoke_lanes(self) -> None:
         """On revocation: stop dispatching, let running work finish within the grace period,
@@ -217,7 +249,12 @@ def guard_offsets(app: Any, topics: Iterable[str]) -> OffsetGuard:
         wrap_faust_consumer(guard_of)
         guard = OffsetGuard(app)
         setattr(app, _GUARD_ATTR, guard)
+        app.sensors.add(CommitSensor(guard.on_commit))
+        app.timer(LAG_REFRESH_S, name="keylane.consumer-lag")(guard.refresh_lag_timer)
+        readiness(app).checks.append(guard.lag.stalled)
+    topics = list(topics)
     guard.topics.update(topics)
+    metrics.zero(metrics.POISON_RECORDS, topics)
     return guard
 
 

@@ -35,7 +35,8 @@ Faust and aiokafka internals keylane reaches without patching them:
   and changelog partition of a read or write from the current event, which Faust sets only
   inside its own stream iteration, and lane tasks run outside it.
 * The wraps above read and reset the Consumer's ``_read_offset``, ``_acked``,
-  ``_acked_index`` and ``_committed_offset``; ``OffsetGuard.commit_revoked`` commits through
+  ``_acked_index`` and ``_committed_offset`` (which the consumer lag gauges read after each
+  commit too, ``OffsetGuard.on_commit``); ``OffsetGuard.commit_revoked`` commits through
   the consumer thread's aiokafka consumer (``_thread._ensure_consumer()``, ``thread_loop``),
   because the consumer's method queue may be held by a fetch waiting for the rebalance.
 * ``app.tables.recovery.completed`` (``recovery_completed`` in service/keylane/kafka/app.py):
@@ -157,7 +158,7 @@ def wrap_faust_consumer(guard_of: Callable[[Any], OffsetGuard | None]) -> None:
             await guard.commit_revoked(self, revoked)
         finally:
             for tp in revoked:
-                guard.ledger.revoked((tp.topic, tp.partition))
+                guard.revoked((tp.topic, tp.partition))
             guard.resume_lanes()
 
     def ledger_offset(self: Any, tp: Any) -> int | None:

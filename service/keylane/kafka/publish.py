@@ -63,6 +63,7 @@ class Publisher:
         self._guard = delivery_guard(app)
         self._guard.set_limits((spec.name, spec.max_message_bytes) for spec in catalog)
         self._runtime = runtime
+        metrics.zero(metrics.RECORDS_TOO_LARGE, (spec.logical_name for spec in catalog))
 
     def producible(self, emit: Emit) -> Emit:
         """``emit``, or the dead letter that replaces it when it is too large to produce."""

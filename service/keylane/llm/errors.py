@@ -73,3 +73,14 @@ class CircuitOpen(ProviderError):
     def __init__(self, message: str, *, open_until: float) -> None:
         super().__init__(message)
         self.open_until = open_until
+
+
+RETRIABLE_ERRORS: tuple[type[ProviderError], ...] = (
+    RateLimitError,
+    ServerError,
+    ProviderTimeout,
+    ProviderUnavailable,
+)
+"""The errors ResilientProvider retries (``keylane_llm_retries_total{error}``)."""
+PROVIDER_ERRORS: tuple[type[ProviderError], ...] = (*RETRIABLE_ERRORS, ProviderRequestError, CircuitOpen)
+"""Every error a real provider call fails with (``keylane_llm_errors_total{error}``)."""

@@ -101,12 +101,16 @@ class FakeLLM:
     """A Provider answering from ``rules``: ``FakeLLM([(match_any(), respond_with(b"ok"))])``.
 
     ``call_count`` counts requests that reached the fake (replay-cache hits never do);
-    ``requests`` keeps them in order.
+    ``requests`` keeps them in order. ``model`` is the model a request without a
+    ``model_id`` is counted under in the metrics.
     """
 
-    def __init__(self, rules: Sequence[tuple[Matcher, Responder]]) -> None:
+    name = "fake"
+
+    def __init__(self, rules: Sequence[tuple[Matcher, Responder]], *, model: str = "") -> None:
         self._rules = [_Rule(matcher, responder) for matcher, responder in rules]
         self.requests: list[LlmRequest] = []
+        self.model = model
 
     @property
     def call_count(self) -> int:

@@ -114,7 +114,10 @@ class ProviderSettings:
                 connect_timeout_s=self.connect_timeout_s,
             )
         else:
-            inner = FakeLLM([(match_any(), respond_with(self.reply.encode(), latency_ms=self.latency_ms))])
+            inner = FakeLLM(
+                [(match_any(), respond_with(self.reply.encode(), latency_ms=self.latency_ms))],
+                model=self.model,
+            )
         return ResilientProvider(
             inner,
             retry=RetryPolicy(max_attempts=self.max_attempts),

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from keylane.llm.errors import CircuitOpen, ProviderRequestError, RateLimitError, ServerError
-from keylane.llm.types import LlmRequest, LlmResponse, Provider, ProviderError
+from keylane.llm.types import LlmRequest, LlmResponse, Provider, ProviderError, provider_name
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +195,17 @@ class ResilientProvider:
 
     def __repr__(self) -> str:
         return f"ResilientProvider({self.inner!r}, breaker={self.breaker.state})"
+
+    @property
+    def name(self) -> str:
+        """The inner provider's name (``provider_name``), for metrics."""
+        return provider_name(self.inner)
+
+    @property
+    def model(self) -> str:
+        """The model the inner provider is configured with ("" when it has none), for metrics."""
+        model = getattr(self.inner, "model", None)
+        return model if isinstance(model, str) else ""
 
     async def complete(self, request: LlmRequest) -> LlmResponse:
         """Answer ``request`` through the inner provider, retrying retriable failures."""

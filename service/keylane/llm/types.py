@@ -131,6 +131,23 @@ class Provider(Protocol):
         ...
 
 
+def provider_name(provider: Provider) -> str:
+    """Which provider answers, for metrics (``gen_ai_provider_name``): its ``name``
+    (``"openai"``, ``"anthropic"``, ``"fake"``, as OpenTelemetry spells them), else its
+    class name. Bounded by the code, never by the calls."""
+    name = getattr(provider, "name", None)
+    return name if isinstance(name, str) and name else type(provider).__name__
+
+
+def requested_model(provider: Provider, request: LlmRequest) -> str:
+    """The model a call asks for, for metrics (``gen_ai_request_model``): the request's
+    ``model_id``, else the model the provider is configured with (its ``model``), else ""."""
+    if request.model_id:
+        return request.model_id
+    model = getattr(provider, "model", None)
+    return model if isinstance(model, str) else ""
+
+
 def canonical_json(value: Any) -> bytes:
     """JSON with sorted keys and no whitespace; msgspec's ``order="sorted"`` does both."""
     return msgspec.json.encode(value, order="sorted")

@@ -19,12 +19,16 @@ Per input record, in order (the job a lane runs):
 
 Every second a scan sends the due timers of this worker's keys to agent.timers (see
 service/keylane/core/timers.py); the index behind it is rebuilt from the table after each
-rebalance, in one synchronous pass, so no lane commit can interleave with it.
+rebalance, in one synchronous pass, so no lane commit can interleave with it. The same index
+counts the keys suspended now (``keylane_waiting_keys{kind}``, read at each scrape): it
+holds the committed states of this worker's partitions only, so it is right across
+rebalances too.
 """
 
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from keylane import metrics
@@ -33,7 +37,7 @@ from keylane.catalog import APPROVALS, EVENTS, EVENTS_SHARDED, RESULTS, TIMERS, 
 from keylane.core.activation import KeyRuntime
 from keylane.core.apply import apply_decision
 from keylane.core.lanes import WINDOW_PER_IN_FLIGHT, KeyLanes, LaneScheduler, PartitionLanes
-from keylane.core.state import KeyState, decode_state
+from keylane.core.state import IntentKind, KeyState, decode_state
 from keylane.core.timers import TimerIndex, due_timers
 from keylane.kafka.app import App, log_end, on_rebalance_complete, on_shutdown, recovery_completed
 from keylane.kafka.delivery import RecordTooLarge, confirming, track_changelog
@@ -95,6 +99,11 @@ class AgentProcessor:
             on_poison=self.dead_letter,
         )
         self.timers = TimerIndex()
+        waiting_kinds: tuple[IntentKind, ...] = ("approval", "tool")
+        for kind in waiting_kinds:  # read at each scrape: the index knows the suspended keys
+            metrics.WAITING_KEYS.labels(kind).set_function(partial(self.timers.waiting, kind))
+        for counter in (metrics.REDELIVERIES, metrics.RECORDS_REROUTED, metrics.STREAMS_RESTARTED):
+            metrics.zero(counter, self.logical_by_name.values())
         self._timers_topic = raw_topic(app, catalog.name(TIMERS))
         self._rebuild_timers = True
         on_rebalance_complete(app, self._on_rebalance_complete)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import importlib.metadata
 import logging
 from pathlib import Path
 from typing import IO
-
-import prometheus_client
 
 from keylane import metrics
 from keylane.authoring.tools import default_registry
@@ -16,9 +15,10 @@ from keylane.catalog import INTENTS, Catalog
 from keylane.config import Settings
 from keylane.core.activation import KeyRuntime
 from keylane.errors import ConfigError, TopicDrift
-from keylane.kafka.app import App, build_app, changelog_record_limit, run
+from keylane.kafka.app import App, build_app, changelog_record_limit, readiness, run
 from keylane.kafka.delivery import delivery_guard
 from keylane.kafka.topic_admin import admin_client, inspect_catalog
+from keylane.llm.errors import PROVIDER_ERRORS, RETRIABLE_ERRORS
 from keylane.llm.provider_config import parse_provider_url
 from keylane.llm.resilience import BreakerState, ResilientProvider
 from keylane.llm.types import ProviderError
@@ -26,6 +26,7 @@ from keylane.loader import import_module, load_agent
 from keylane.signing import parse_mode
 from keylane.stages.agent import AgentProcessor
 from keylane.stages.effector.service import Effector
+from keylane.stages.health import Check, Heartbeat, MetricsServer
 from keylane.stages.shard_keys import ShardKeys
 
 log = logging.getLogger(__name__)
@@ -51,16 +52,26 @@ async def verify_topics(settings: Settings, catalog: Catalog) -> None:
             )
 
 
-def serve_metrics(port: int) -> None:
-    """Serve Prometheus /metrics on 0.0.0.0:port from a daemon thread."""
+def serve_metrics(port: int, *, healthy: Check, ready: Check) -> MetricsServer:
+    """Serve /metrics, /healthz and /readyz on 0.0.0.0:port from daemon threads
+    (service/keylane/stages/health.py); ConfigError, one line, when the port is taken."""
     try:
-        prometheus_client.start_http_server(port)
+        server = MetricsServer(port, healthy=healthy, ready=ready)
     except OSError as exc:
         raise ConfigError(
             f"cannot serve /metrics on port {port} ({exc.strerror}); set KEYLANE_METRICS_PORT to a free "
             "port, or 0 to disable it"
         ) from exc
-    log.info("metrics on http://0.0.0.0:%s/metrics", port)
+    log.info("metrics on http://0.0.0.0:%s/metrics, health on /healthz and /readyz", port)
+    return server.start()
+
+
+def keylane_version() -> str:
+    """The installed keylane's version (``keylane_info``'s ``version``)."""
+    try:
+        return importlib.metadata.version("keylane")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def run_worker(settings: Settings, catalog: Catalog, *, agent_ref: str, config_ref: str | None) -> int:
@@ -83,8 +94,10 @@ def run_worker(settings: Settings, catalog: Catalog, *, agent_ref: str, config_r
         ShardKeys(config.shards, assignment=config.shard_assignment).install(
             app, catalog, processor.publisher
         )
+    metrics.zero(metrics.LLM_ERRORS, (error.__name__ for error in PROVIDER_ERRORS))
+    metrics.zero(metrics.LLM_RETRIES, (error.__name__ for error in RETRIABLE_ERRORS))
     log.info("keylane worker %s running %s on %s", settings.app_id, agent_ref, settings.bootstrap_servers)
-    return _run(app, settings)
+    return _run(app, settings, role="worker", app_id=settings.app_id)
 
 
 def provider_from_url(url: str) -> ResilientProvider:
@@ -124,21 +137,26 @@ def run_effector(
         intent_signatures=parse_mode(settings.intent_signatures, "KEYLANE_INTENT_SIGNATURES"),
     )
     log.info("keylane effector with tools %s", ", ".join(default_registry.names()))
-    return _run(app, effector_settings)
+    return _run(app, effector_settings, role="effector", app_id=settings.app_id)
 
 
 CRASH_EXIT_AFTER_S = 20.0
 """A process whose produce failed exits this long after its crash began at the latest."""
 
 
-def _run(app: App, settings: Settings) -> int:
+def _run(app: App, settings: Settings, *, role: str, app_id: str) -> int:
+    """Run a worker's or an effector's app until a signal, with its metrics port (when
+    ``settings.metrics_port`` is not 0) and ``keylane_info``; returns the exit code."""
     delivery_guard(app).exit_after_s = CRASH_EXIT_AFTER_S
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     lock = _lock_data_dir(Path(settings.data_dir))
+    metrics.set_info(role=role, app_id=app_id, topic_prefix=settings.topic_prefix, version=keylane_version())
+    metrics.zero_fixed_labels()
+    heartbeat = Heartbeat()
     if settings.metrics_port:
-        serve_metrics(settings.metrics_port)
+        serve_metrics(settings.metrics_port, healthy=heartbeat.problem, ready=readiness(app).not_ready)
     try:
-        run(app, loglevel=settings.log_level.upper())
+        run(app, loglevel=settings.log_level.upper(), on_loop=heartbeat.start)
     except SystemExit as exc:
         return int(exc.code or 0)
     finally:

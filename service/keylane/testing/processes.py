@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -99,11 +101,76 @@ class LogLineProbe:
         return self._seen
 
 
+class ReadyzProbe:
+    """Ready once ``GET http://127.0.0.1:<port>/readyz`` answers 200 (service/keylane/stages/
+    health.py). A process that is still starting refuses the connection or answers 503."""
+
+    def __init__(self, port: int, *, host: str = "127.0.0.1") -> None:
+        self.url = f"http://{host}:{port}/readyz"
+        self._seen = False
+
+    def arm(self, process: ManagedProcess) -> None:
+        self._seen = False
+
+    def ready(self, process: ManagedProcess) -> bool:
+        if not self._seen:
+            self._seen = readyz_status(self.url) == 200
+        return self._seen
+
+
+def readyz_status(url: str, *, timeout_s: float = 2.0) -> int | None:
+    """The HTTP status ``url`` answers, or None when nothing answers (yet)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - a loopback URL
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+class KeylaneReady:
+    """The readiness of a keylane worker or effector: its /readyz when it serves a metrics port
+    (``--metrics-port N`` in its arguments, else ``KEYLANE_METRICS_PORT`` non-zero in its
+    environment), else Faust's READY_LINE in its log (processes run with the port at 0).
+    Decided again at every start, from the process's arguments and environment then."""
+
+    def __init__(self) -> None:
+        self._probe: ReadinessProbe = LogLineProbe(READY_LINE)
+
+    def arm(self, process: ManagedProcess) -> None:
+        port = metrics_port_of(process.argv, process.env)
+        self._probe = ReadyzProbe(port) if port else LogLineProbe(READY_LINE)
+        self._probe.arm(process)
+
+    def ready(self, process: ManagedProcess) -> bool:
+        return self._probe.ready(process)
+
+
+def metrics_port_of(argv: Sequence[str], env: Mapping[str, str] | None) -> int:
+    """The metrics port a keylane process started with ``argv`` and ``env`` (None: this
+    process's environment) serves, 0 when none is known: ``--metrics-port`` wins over
+    ``KEYLANE_METRICS_PORT``; without either (the built-in default) it counts as unknown,
+    since another process may hold that port."""
+    value: str | None = None
+    for i, arg in enumerate(argv):
+        if arg == "--metrics-port" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--metrics-port="):
+            value = arg.partition("=")[2]
+    if value is None:
+        value = (os.environ if env is None else env).get("KEYLANE_METRICS_PORT")
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        return 0  # the process refuses the setting at start-up and exits: check() reports it
+
+
 def keylane_ready() -> ReadinessProbe:
     """The probe for keylane workers and effectors; the one place that decides what "ready"
-    means. Today: Faust's READY_LINE in the log. A switch to an HTTP /readyz check (the port in
-    ``process.env``) is a change to this function alone."""
-    return LogLineProbe(READY_LINE)
+    means: /readyz on the process's metrics port, or Faust's READY_LINE in the log when it
+    serves none (``KeylaneReady``)."""
+    return KeylaneReady()
 
 
 class ManagedProcess:

@@ -3,7 +3,7 @@ change nothing (stale, duplicate, early), and the worker's TimerIndex."""
 
 from __future__ import annotations
 
-from keylane.core.state import ArmedTimer, Continuation, KeyState
+from keylane.core.state import ArmedTimer, Continuation, IntentKind, KeyState, PendingIntent
 from keylane.core.timers import HITL, RESEND_AFTER_MS, TTL, TimerIndex, arm, timer_token
 from keylane.testing import ManualClock
 from tests.unit.hitl_support import (
@@ -337,3 +337,43 @@ def test_the_timer_index_grows_with_keys_not_with_commits() -> None:
     assert len(index._heap) <= COMPACT_FACTOR * 100 + COMPACT_SLACK
     due = index.due(1_000 * 199 + 3_600_000)
     assert len(due) == 100, "each key's latest TTL is still due exactly once"
+
+
+# 4. The keys waiting now (keylane_waiting_keys) ------------------------------------------------
+
+
+async def test_the_index_counts_suspended_keys_by_what_they_wait_for() -> None:
+    clock = ManualClock()
+    harness, _ = await asked(clock)
+    index = harness.timers
+
+    assert (index.waiting("approval"), index.waiting("tool")) == (1, 0)
+
+    [request] = harness.approval_requests()
+    await harness.send_approval(approval(request.intent_id))
+
+    assert harness.state(KEY).continuation is None
+    assert (index.waiting("approval"), index.waiting("tool")) == (0, 0)
+
+
+def test_waiting_follows_each_commit_and_a_rebuild_starts_over() -> None:
+    def suspended(kind: IntentKind) -> KeyState:
+        cont = Continuation(seq=0, step_index=1, pending_intent_ids=["i-1", "i-2"], deadline_ms=MINUTE)
+        pending = {
+            "i-1": PendingIntent(intent_id="i-1", tool="refund", kind="tool"),
+            "i-2": PendingIntent(intent_id="i-2", tool="hitl", kind=kind),
+        }
+        return KeyState(continuation=cont, pending=pending)
+
+    index = TimerIndex()
+    index.update(b"a", suspended("approval"))  # a tool result and an approval: counts as approval
+    index.update(b"b", suspended("tool"))
+    index.update(b"c", KeyState())
+    assert (index.waiting("approval"), index.waiting("tool")) == (1, 1)
+
+    index.update(b"a", suspended("tool"))
+    index.update(b"b", None)  # deleted
+    assert (index.waiting("approval"), index.waiting("tool")) == (0, 1)
+
+    index.rebuild([(b"x", suspended("approval")), (b"y", KeyState())])  # another assignment
+    assert (index.waiting("approval"), index.waiting("tool")) == (1, 0)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from keylane import metrics
 from keylane.authoring.tools import ToolRegistry
 from keylane.catalog import INTENTS, Catalog
 from keylane.clock import Clock, wall_clock_ms
@@ -137,6 +138,7 @@ class Effector:
             revoking=lambda: self.lanes.revoking,
         )
         self.offsets = guard_offsets(app, [catalog.name(INTENTS)])
+        metrics.zero(metrics.RECORDS_REROUTED, [INTENTS])
         self.grace_s = revocation_grace_s(registry.specs(), tool_timeout_s)
         self.offsets.grace_s = max(self.offsets.grace_s, self.grace_s)
         # Set, never read first: Faust warns when a setting it already handed out changes.
