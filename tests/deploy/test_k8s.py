@@ -2,7 +2,8 @@
 strict schemas offline, and keeps the promises docs/deploy.md makes: state on a volume at
 KEYLANE_DATA_DIR, probes on the health endpoints of the metrics port, a termination grace
 longer than what a stop has to finish, one pod at a time through a disruption, secrets only
-by reference, keylane commands that parse, and the replica counts of each overlay."""
+by reference, keylane commands that parse, static group membership by pod name with a session
+timeout that outlasts a restart, and the replica counts of each overlay."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from keylane.authoring.tools import default_registry
 from keylane.catalog import INTENTS, load_catalog
 from keylane.cli import build_parser
 from keylane.config import Settings
+from keylane.kafka.app import build_app
 from keylane.kafka.offset_guard import REBALANCE_GRACE_S
 from keylane.loader import import_module, load_agent
 from keylane.stages.effector.handler import revocation_grace_s
@@ -38,6 +40,11 @@ KUBERNETES_VALIDATE_PIN = "kubernetes-validate==1.37.0"
 
 SECRET_NAME = re.compile(r"(_KEY|_KEYS|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$", re.IGNORECASE)
 SETTING_NAME = re.compile(r"KEYLANE_[A-Z0-9_]+")
+MEMBERSHIP = {"KEYLANE_GROUP_INSTANCE_ID", "KEYLANE_SESSION_TIMEOUT_S"}
+"""The settings of a pod's own consumer group member, set in its StatefulSet, not the ConfigMap."""
+POD_RESTART_S = 30.0
+"""Less than a pod's restart (stop, reschedule, attach the volume, start, check the topics) takes
+at times: a static member's session timeout must outlast it (docs/deploy.md#group-membership)."""
 WORKLOADS = {"StatefulSet", "Deployment", "DaemonSet", "Job", "CronJob"}
 
 
@@ -346,9 +353,11 @@ def test_topics_exist_before_a_worker_starts(overlay: tuple[str, list[dict[str, 
         args = parser.parse_args(_argv(check))
         assert (args.command, args.topics_command) == ("topics", "check"), "check, never create"
         # The same settings as the Job and the container: the same prefix, brokers, replication.
+        # Only the container joins a consumer group, with its membership settings on top.
+        main = _environment(docs, _main(statefulset))
         assert (
             _environment(docs, check)
-            == {k: v for k, v in _environment(docs, _main(statefulset)).items() if k.startswith("KEYLANE_")}
+            == {k: v for k, v in main.items() if k.startswith("KEYLANE_") and k not in MEMBERSHIP}
             == _environment(docs, applier)
         )
 
@@ -367,7 +376,36 @@ def test_configmap_holds_only_settings_keylane_reads(overlay: tuple[str, list[di
     # Faust reads variables of its own (CONSUMER_GROUP_INSTANCE_ID, TABLE_STANDBY_REPLICAS, ...):
     # none is set behind keylane's back.
     assert set(data) <= known, f"keylane reads no {set(data) - known}"
+    # Nor the membership: one group instance id shared by every pod would fence them out of
+    # the group; it is each pod's name (test_each_pod_is_a_static_member_named_after_itself).
+    assert not MEMBERSHIP & set(data), f"{MEMBERSHIP & set(data)} belong in the StatefulSets"
     Settings.from_env(data)
+
+
+def test_each_pod_is_a_static_member_named_after_itself(overlay: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = overlay
+
+    for statefulset in _keylane_statefulsets(docs):
+        name = statefulset["metadata"]["name"]
+        container = _main(statefulset)
+        env = {v["name"]: v for v in container.get("env", [])}
+        for pod_container in _containers(_pod_spec(statefulset)):
+            assert not any(v["name"] == "CONSUMER_GROUP_INSTANCE_ID" for v in pod_container.get("env", []))
+        # KEYLANE_GROUP_INSTANCE_ID from the pod name: stable across restarts, unique in the group.
+        assert env["KEYLANE_GROUP_INSTANCE_ID"] == {
+            "name": "KEYLANE_GROUP_INSTANCE_ID",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+        }, f"{name}: the group instance id is the pod's name"
+        pod_env = {**_environment(docs, container), "KEYLANE_GROUP_INSTANCE_ID": f"{name}-0"}
+        settings = Settings.from_env(pod_env)
+        assert settings.group_instance_id == f"{name}-0"
+        # A session timeout that outlasts a restart, or the restart costs the rebalances anyway;
+        # Faust refuses one above its request timeout.
+        assert "value" in env["KEYLANE_SESSION_TIMEOUT_S"], f"{name}: set the session timeout beside the id"
+        assert settings.session_timeout_s > POD_RESTART_S, f"{name}: {settings.session_timeout_s} s"
+        app = build_app(settings, load_catalog(prefix=settings.topic_prefix))
+        assert app.conf.consumer_group_instance_id == f"{name}-0"
+        assert settings.session_timeout_s < app.conf.broker_request_timeout
 
 
 def test_pods_run_as_the_image_user_not_root(overlay: tuple[str, list[dict[str, Any]]]) -> None:
