@@ -17,14 +17,13 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from keylane.testing.processes import KeylaneProcess, ManagedProcess, ProcessFailed, free_port
+from keylane.testing.processes import KeylaneProcess, ManagedProcess, ProcessFailed, free_port, port_free
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "kafka"))
@@ -113,7 +112,7 @@ def _start_prometheus(
     if port == 0:
         return None, "off (KEYLANE_PROMETHEUS_PORT=0)"
     note = ""
-    if chosen is None and not _port_free(port):
+    if chosen is None and not port_free(port):
         port = free_port()
         note = f" ({DEFAULT_PROMETHEUS_PORT} is taken)"
     targets = {job: [f"127.0.0.1:{p}"] for job, p in metrics_ports.items() if p != "0"}
@@ -124,15 +123,6 @@ def _start_prometheus(
     process = local_prometheus.launch(config, data_dir, port=port)
     url = local_prometheus.url(port)
     return process, f"{url}{note} (/targets, /alerts; its data and log in {data_dir})"
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def _relay_output(processes: dict[str, KeylaneProcess], *, announce_when_ready: str) -> int:

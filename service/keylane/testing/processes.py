@@ -41,6 +41,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(probe.getsockname()[1])
 
 
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether ``port`` on ``host`` can be bound now (a default port someone may hold)."""
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     """The KEYLANE_* variables that give a keylane process these settings' broker, topic prefix,
     app id, data dir, metrics port and session timeout. Merge them over ``os.environ`` (and put
