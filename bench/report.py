@@ -12,6 +12,8 @@ from bench import names
 from bench.gate import evaluate
 from bench.harness import Result
 
+RECOVERY_PREFIX = "recovery_"  # bench/recovery.py's result names: recovery_<N>keys
+
 
 def _fmt(value: Any, digits: int = 3) -> str:
     if value is None:
@@ -190,6 +192,103 @@ def lanes_table(results: dict[str, Result]) -> list[str]:
     return lines
 
 
+def _mib(value: Any) -> str:
+    return "—" if not isinstance(value, int | float) else f"{value / 2**20:,.1f} MiB"
+
+
+def _count(value: Any) -> str:
+    return "—" if not isinstance(value, int) else f"{value:,}"
+
+
+def recovery_results(results: dict[str, Result]) -> list[Result]:
+    """The recovery_<N>keys results (bench/recovery.py), smallest first."""
+    found = [r for name, r in results.items() if name.startswith(RECOVERY_PREFIX)]
+    return sorted(found, key=lambda r: int(r.extra.get("keys", 0)))
+
+
+def recovery_table(results: dict[str, Result]) -> list[str]:
+    """The Recovery tables of bench/recovery.py, one row per size (times in seconds)."""
+    rows = recovery_results(results)
+    lines = [
+        "| keys | state bytes (changelog) | volume kept (s) | volume lost (s) | kept / lost "
+        "| full replay (keys/s) | failover, standby 0 (s) | failover, standby 1 (s) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    details = [
+        "| keys | fill (keys/s) | kept: ready / first event / replayed "
+        "| lost: ready / first event / replayed (in s) | timer index rebuilt, kept / lost (s) "
+        "| B joins empty, s0 / s1 (s) "
+        "| standby 0: rebalance / restored / timer index / replayed "
+        "| standby 1: rebalance / restored / timer index / replayed |",
+        "| ---: | ---: | --- | --- | --- | --- | --- | --- |",
+    ]
+    if not rows:
+        lines.append("| not measured | | | | | | | |")
+    for result in rows:
+        x = result.extra
+        kept, lost = x.get("volume_kept_first_event_s"), x.get("volume_lost_first_event_s")
+        lines.append(
+            f"| {_count(x.get('keys'))} | {_mib(x.get('changelog_bytes'))} "
+            f"({_count(x.get('changelog_records'))} records) | {_fmt(kept, 2)} | {_fmt(lost, 2)} "
+            f"| {_fmt(_ratio(kept, lost), 2)} | {_fmt(result.rate, 0)} "
+            f"| {_fmt(x.get('standby0_failover_s'), 2)} | {_fmt(x.get('standby1_failover_s'), 2)} |"
+        )
+        case = {
+            c: f"{_fmt(x.get(f'volume_{c}_ready_s'), 2)} / {_fmt(x.get(f'volume_{c}_first_event_s'), 2)} / "
+            f"{_count(x.get(f'volume_{c}_replayed_records'))}"
+            for c in ("kept", "lost")
+        }
+        standby = {
+            n: f"{_fmt(x.get(f'standby{n}_rebalance_s'), 2)} / {_fmt(x.get(f'standby{n}_restored_s'), 2)} / "
+            f"{_fmt(x.get(f'standby{n}_timer_index_s'), 2)} / "
+            f"{_count(x.get(f'standby{n}_failover_replayed_records'))}"
+            for n in (0, 1)
+        }
+        details.append(
+            f"| {_count(x.get('keys'))} | {_fmt(x.get('fill_rate'), 0)} | {case['kept']} "
+            f"| {case['lost']} ({_fmt(x.get('volume_lost_replay_s'), 2)}) "
+            f"| {_fmt(x.get('volume_kept_timer_index_s'), 2)} "
+            f"/ {_fmt(x.get('volume_lost_timer_index_s'), 2)} "
+            f"| {_fmt(x.get('standby0_join_ready_s'), 2)} / {_fmt(x.get('standby1_join_ready_s'), 2)} "
+            f"| {standby[0]} | {standby[1]} |"
+        )
+    return [*lines, "", *details, *recovery_extrapolation(rows)]
+
+
+EXTRAPOLATE_TO_KEYS = 100_000
+
+
+def recovery_extrapolation(rows: list[Result]) -> list[str]:
+    """What the largest size measured says about EXTRAPOLATE_TO_KEYS keys, when that size was
+    not measured: the fill and the replay scale with the keys at this run's rates, the rest
+    (start-up, session timeout, rebalance) does not."""
+    if not rows or any(r.extra.get("keys") == EXTRAPOLATE_TO_KEYS for r in rows):
+        return []
+    x, rate = rows[-1].extra, rows[-1].rate
+    keys, fill_rate = x.get("keys"), x.get("fill_rate")
+    kept, lost, replay_s = (
+        x.get(k) for k in ("volume_kept_first_event_s", "volume_lost_first_event_s", "volume_lost_replay_s")
+    )
+    rebalance = x.get("standby0_rebalance_s")
+    if not (keys and rate and fill_rate and kept and lost and replay_s and rebalance):
+        return []
+    n = EXTRAPOLATE_TO_KEYS
+    base = lost - replay_s  # volume lost minus its replay: start-up, group join, seek
+    per_key_bytes = (x.get("changelog_bytes") or 0) / keys
+    return [
+        "",
+        f"Extrapolated to {n:,} keys from the {keys:,}-key row (not measured in this run; "
+        f"`BENCH_RECOVERY_KEYS={n}` adds it): changelog ≈ {_mib(per_key_bytes * n)}; "
+        f"fill ≈ {n / fill_rate:,.0f} s at "
+        f"{fill_rate:,.0f} keys/s; volume lost ≈ {base:,.1f} + {n:,} / {rate:,.0f} "
+        f"≈ {base + n / rate:,.0f} s "
+        f"(start-up and seek, plus the full replay at the measured rate); volume kept ≈ {kept:,.1f} s "
+        f"(no replay; the timer index scan grows with the keys); failover with standby 0 ≈ "
+        f"{rebalance:,.1f} + {n // 2:,} / {rate:,.0f} ≈ {rebalance + n / 2 / rate:,.0f} s (the session "
+        "timeout, then half the changelog); with standby 1 about the session timeout, as measured.",
+    ]
+
+
 def plots(results: dict[str, Result], out_dir: Path) -> list[str]:
     """PNG plots next to the report; returns their file names (empty without matplotlib)."""
     try:
@@ -295,6 +394,28 @@ def write_report(
         "## Key lanes vs partition lanes",
         "",
         *lanes_table(results),
+        "",
+        "## Recovery",
+        "",
+        "A worker's state after a restart, for keys holding 10 KiB of memory each "
+        "(bench/recovery.py). Times in seconds from the worker's launch to the first processed "
+        "event on the middle key (its output's timestamp): *volume kept* restarts on the same "
+        "KEYLANE_DATA_DIR (RocksDB replays only the changelog tail), *volume lost* on an empty one "
+        "(the whole changelog). *Failover* is from `kill -9` of one of two workers to the first "
+        "event the survivor processes on the dead worker's partitions; it includes the session "
+        "timeout (6 s here), which a crashed worker always costs. *Standby 1* is Faust's default "
+        "`table_standby_replicas`: the survivor keeps a copy of the other worker's partitions. "
+        "State bytes: the changelog's size on the broker (DescribeLogDirs), before compaction. "
+        "Full replay: changelog records / the replay's time in the worker's log. Probes go to the "
+        "key every 0.1 s from the launch (or the kill) on, because a single record waiting at start "
+        "was sometimes not processed until the next record reached its partition. Sizes: "
+        "`BENCH_RECOVERY_KEYS` sets the full run's (default 10,000 and 100,000). In the second table, "
+        "times are seconds from the launch (or the kill) to lines of the worker's log: *rebalance* "
+        "when the survivor's rebalance began, *restored* when its tables were current, *timer index* "
+        "when keylane had rebuilt its timer index from a scan of the whole table, which it does "
+        "after every rebalance on the event loop.",
+        "",
+        *recovery_table(results),
         "",
         "## Notes",
         "",

@@ -1,7 +1,10 @@
 """`make bench`: run every benchmark, write bench/out/results.json, bench-report.md and plots.
 
-    python -m bench.run --size full     # make bench (about 10 minutes on 2 cores)
-    python -m bench.run --size quick    # make bench-quick (about a minute)
+    python -m bench.run --size full     # make bench (about 20 minutes on 2 cores)
+    python -m bench.run --size quick    # make bench-quick (about 4 minutes)
+
+The full run's recovery benchmarks (bench/recovery.py) take about 10 of its minutes, 8 of them
+for 100,000 keys; BENCH_RECOVERY_KEYS=10000 leaves that size out.
 
 The broker comes from KAFKA_BOOTSTRAP_SERVERS, else a local Kafka 3.9 started from the
 Maven jars for the run (deploy/kafka/local_kafka.py) and stopped afterwards.
@@ -37,6 +40,7 @@ def local_kafka() -> ModuleType:
 async def run(size: Size, out_dir: Path, report: Path) -> None:
     from bench.broker import run_broker_benchmarks
     from bench.lanes import run_lanes_benchmarks
+    from bench.recovery import run_recovery_benchmarks
 
     recorder = Recorder(out_dir, size=size)
     await run_runtime_benchmarks(recorder, size=size)
@@ -50,6 +54,7 @@ async def run(size: Size, out_dir: Path, report: Path) -> None:
     try:
         await run_broker_benchmarks(recorder, size=size, bootstrap=bootstrap)
         await run_lanes_benchmarks(recorder, size=size, bootstrap=bootstrap)
+        await run_recovery_benchmarks(recorder, size=size, bootstrap=bootstrap)
     finally:
         if launcher is not None:
             launcher.stop(state_dir, quiet=True)

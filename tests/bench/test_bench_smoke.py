@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import names
+from bench import names, recovery
 from bench.gate import evaluate
 from bench.harness import load_results
 from tests.broker import REPO
@@ -56,16 +56,37 @@ def test_smoke_run_reports_every_benchmark(kafka_bootstrap: str, tmp_path: Path)
         )
     assert results[names.PER_KEY_CEILING].extra["bound_rate"] > 0
     assert results[names.E2E_NOOP].samples, "e2e latency samples"
+    for keys in recovery.KEYS["smoke"]:
+        extra = results[recovery.result_name(keys)].extra
+        assert extra["keys"] == keys and extra["changelog_records"] >= keys
+        assert extra["changelog_bytes"] is None or extra["changelog_bytes"] >= keys * recovery.MEMORY_BYTES
+        assert extra["volume_lost_replayed_records"] >= keys, "a fresh volume replays the whole changelog"
+        assert extra["volume_kept_replayed_records"] < keys, "a kept volume replays only the tail"
+        for figure in (
+            "volume_kept_ready_s",
+            "volume_kept_first_event_s",
+            "volume_lost_ready_s",
+            "volume_lost_first_event_s",
+            "standby0_failover_s",
+            "standby1_failover_s",
+        ):
+            assert math.isfinite(extra[figure]) and extra[figure] > 0, figure
+        assert extra["standby1_failover_replayed_records"] < extra["standby0_failover_replayed_records"], (
+            "a standby copy spares the survivor the replay of the dead worker's partitions"
+        )
 
     text = report.read_text()
     for name in names.EXPECTED:
         assert f"| {name} |" in text, f"{name} missing from the report's summary table"
+    for keys in recovery.KEYS["smoke"]:
+        assert f"\n| {keys:,} | " in text, f"recovery of {keys} keys missing from the report's Recovery table"
     for section in (
         "## Targets",
         "## Gate",
         "## Throughput-math inputs (seed 000)",
         "## Hot-key fan-out",
         "## Key lanes vs partition lanes",
+        "## Recovery",
     ):
         assert section in text
     for plot in ("overhead_tiers.png", "fanout_scaling.png", "state_commit.png"):
