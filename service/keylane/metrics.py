@@ -109,6 +109,11 @@ POISON_RECORDS = Counter(
     "Input records whose processing kept raising, dead-lettered after bounded retries.",
     ["topic"],
 )
+STALL_REREADS = Counter(
+    "keylane_stall_rereads",
+    "Input partitions read again because records waited from the expected offset on and none arrived.",
+    ["topic"],
+)
 STREAMS_RESTARTED = Counter(
     "keylane_streams_restarted",
     "Originals below a key's applied offset while the log ends below it: a recreated topic.",

@@ -61,6 +61,10 @@ class OffsetLedger:
         """``tp`` is no longer ours: nothing of it is admitted or committed until re-assigned."""
         self._positions.pop(tp, None)
 
+    def partitions(self) -> list[TopicPartition]:
+        """The topic-partitions assigned now."""
+        return list(self._positions)
+
     def expected(self, tp: TopicPartition) -> int | None:
         """The next offset ``tp`` admits (None when unassigned)."""
         position = self._positions.get(tp)

@@ -16,6 +16,14 @@ service/keylane/kafka/patches.py.
   ``fetched_records``). Every seek keylane makes goes through ``seek_wait``, which Faust runs
   in the consumer thread.
 
+A partition can still go quiet with records waiting: Faust drops fetched records on several
+paths of its own (a batch cut short by a rebalance, a stream queue cleared on revocation), the
+consumer's position having passed them, and a gap is only noticed when a later record
+arrives. ``reread_stalled`` (a timer) reads a partition again from the ledger's expected
+offset when the log has records from there on and none arrived for STALL_REREAD_AFTER_S
+while the partition was neither paused nor rebalancing; it logs and counts each re-read
+(``keylane_stall_rereads_total``), since each one means a record went missing on the way.
+
 The guard also exports the consumer lag of the partitions it governs
 (service/keylane/kafka/consumer_lag.py): it knows each assignment's committed offsets, sees
 each commit, and forgets a partition when it is revoked.
@@ -35,7 +43,7 @@ from faust.types import TP
 from keylane import metrics
 from keylane.core.lanes import LaneScheduler, WindowHooks
 from keylane.core.offsets import OffsetLedger
-from keylane.kafka.app import log_end, readiness
+from keylane.kafka.app import log_end, readiness, recovery_completed
 from keylane.kafka.consumer_lag import LAG_REFRESH_S, CommitSensor, ConsumerLag
 from keylane.kafka.patches import wrap_faust_consumer
 
@@ -45,6 +53,10 @@ _GUARD_ATTR = "_keylane_offset_guard"
 REBALANCE_GRACE_S = 10.0
 RESEEK_AFTER_S = 5.0
 PROBE_TIMEOUT_MS = 5000
+STALL_CHECK_S = 5.0
+STALL_REREAD_AFTER_S = 15.0
+"""How long a partition with records waiting from its expected offset on may see none of them
+arrive before it is read again from there (longer than a probe, a lane hand-off or a fetch)."""
 REVOKE_COMMIT_TIMEOUT_S = 10.0
 
 
@@ -60,6 +72,10 @@ class OffsetGuard:
         """How long running activations may go on after a revocation before they are cancelled."""
         self._sought: dict[tuple[str, int], tuple[int, float]] = {}
         self._probe: AIOKafkaConsumer | None = None
+        self._probe_lock = asyncio.Lock()  # the gap check and the stall check share the probe
+        self._paused: set[tuple[str, int]] = set()
+        self._quiet: dict[tuple[str, int], tuple[int, float]] = {}
+        """Per partition with records waiting: its expected offset, and since when it has not moved."""
         self._seeks: set[asyncio.Task[None]] = set()
         self.window_hooks = WindowHooks(full=self.pause, room=self.resume)
         self.lag = ConsumerLag()
@@ -73,6 +89,12 @@ class OffsetGuard:
         ``committed`` is what the group coordinator answered for this assignment. Not Faust's
         ``_read_offset``: Faust advances that for every record its fetcher delivers, so by the
         time this runs it can already stand past records nobody processed.
+
+        The ledger learns each start before the seek: while a restore runs, Faust's flow is on,
+        so the consumer thread fetches from the new position at once and Faust may deliver the
+        first record before this coroutine resumes. A partition the ledger did not know yet
+        dropped it as unassigned, and with no later record to expose the gap it stalled for
+        good. Anything delivered before the seek is read again after it.
         """
         tps = [tp for tp in consumer.assignment() if tp.topic in self.topics]
         if not tps:
@@ -82,10 +104,10 @@ class OffsetGuard:
         for tp in tps:
             offset = committed.get(tp)
             starts[tp] = max(offset if offset is not None and offset >= 0 else 0, earliest.get(tp) or 0)
+            self.ledger.assigned((tp.topic, tp.partition), starts[tp])
+            self._sought.pop((tp.topic, tp.partition), None)
         await consumer.seek_wait(starts)  # in the consumer thread: see the module docstring
         for tp, start in starts.items():
-            self.ledger.assigned((tp.topic, tp.partition), start)
-            self._sought.pop((tp.topic, tp.partition), None)
             offset = committed.get(tp)
             self.lag.assigned((tp.topic, tp.partition), start if offset is None or offset < 0 else offset)
             for per_partition in (metrics.PARTITION_PAUSES, metrics.IN_FLIGHT, metrics.LANE_QUEUE_DEPTH):
@@ -97,6 +119,8 @@ class OffsetGuard:
         """``tp`` is no longer ours: nothing of it is admitted or committed, and its lag goes."""
         self.ledger.revoked(tp)
         self.lag.revoked(tp)
+        self._paused.discard(tp)
+        self._quiet.pop(tp, None)
 
     def on_commit(self, consumer: Any) -> None:
         """After a commit: the committed offsets the consumer holds now move the lag gauges.
@@ -160,6 +184,7 @@ class OffsetGuard:
         """Stop fetching a topic-partition whose lane window is full."""
         log.debug("pausing %s/%s: its lane window is full", topic, partition)
         metrics.PARTITION_PAUSES.labels(str(partition)).inc()
+        self._paused.add((topic, partition))
         self.app.consumer.pause_partitions({TP(topic, partition)})
 
     def resume(self, topic: str, partition: int) -> None:
@@ -170,6 +195,7 @@ class OffsetGuard:
         were already admitted are dropped as duplicates.
         """
         tp = TP(topic, partition)
+        self._paused.discard((topic, partition))
         self.app.consumer.resume_partitions({tp})
         expected = self.ledger.expected((topic, partition))
         if expected is None:
@@ -214,9 +240,50 @@ class OffsetGuard:
         await self._seek(tp, expected)
         return False
 
+    async def reread_stalled(self) -> None:
+        """Read again, from the ledger's expected offset, each partition whose log has records
+        from there on while none of them arrived for STALL_REREAD_AFTER_S (see the module
+        docstring). Partitions paused by their lane window, and everything during a rebalance
+        or a restore, are left alone: nothing is fetched there then by design."""
+        app = self.app
+        consumer = app.consumer
+        if app.rebalancing or not recovery_completed(app) or not getattr(consumer, "flow_active", True):
+            self._quiet.clear()
+            return
+        now = time.monotonic()
+        for tp in self.ledger.partitions():
+            expected = self.ledger.expected(tp)
+            end = log_end(app, *tp)
+            if expected is None or end is None or expected >= end or tp in self._paused:
+                self._quiet.pop(tp, None)
+                continue
+            quiet = self._quiet.get(tp)
+            if quiet is None or quiet[0] != expected:
+                self._quiet[tp] = (expected, now)
+                continue
+            if now - quiet[1] < STALL_REREAD_AFTER_S:
+                continue
+            self._quiet[tp] = (expected, now)
+            if await self._first_offset_from(tp, expected) is None:
+                continue  # nothing readable there (transaction markers): nothing was missed
+            log.warning(
+                "%s/%s: no record from offset %s arrived for %.0fs while the log ends at %s; "
+                "re-reading from there",
+                *tp,
+                expected,
+                now - quiet[1],
+                end,
+            )
+            metrics.STALL_REREADS.labels(tp[0]).inc()
+            await self._seek(tp, expected)
+
     async def _first_offset_from(self, tp: tuple[str, int], offset: int) -> int | None:
         """The offset of the first record at or after ``offset`` in the log (a separate, group-less
         consumer reads it), or None when none arrives in time."""
+        async with self._probe_lock:
+            return await self._probe_first(tp, offset)
+
+    async def _probe_first(self, tp: tuple[str, int], offset: int) -> int | None:
         if self._probe is None:
             conf = self.app.conf
             self._probe = AIOKafkaConsumer(
@@ -251,10 +318,12 @@ def guard_offsets(app: Any, topics: Iterable[str]) -> OffsetGuard:
         setattr(app, _GUARD_ATTR, guard)
         app.sensors.add(CommitSensor(guard.on_commit))
         app.timer(LAG_REFRESH_S, name="keylane.consumer-lag")(guard.refresh_lag_timer)
+        app.timer(STALL_CHECK_S, name="keylane.stall-check")(guard.reread_stalled)
         readiness(app).checks.append(guard.lag.stalled)
     topics = list(topics)
     guard.topics.update(topics)
     metrics.zero(metrics.POISON_RECORDS, topics)
+    metrics.zero(metrics.STALL_REREADS, topics)
     return guard
 
 
