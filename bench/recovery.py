@@ -16,10 +16,11 @@ co-partitioned partitions, session timeout 6 s):
    offsets: it replays only the changelog tail). **Volume lost**: a worker starts on a fresh
    data dir (the whole changelog). Each is timed from the process launch to ready (/readyz
    answers 200: the readiness probe of keylane.testing.processes) and to the first processed
-   event on the key in the middle of the range: probe events for it are produced from before
-   the launch on, every PROBE_INTERVAL_S (see :meth:`RecoveryBench.ticking` for why not just
-   one), and the first answer's output CreateTime (the worker's producer, this machine's
-   clock) ends the measurement. The answer says whether the key's 10 KiB came back intact.
+   event on the key in the middle of the range: one probe event for it, produced before the
+   launch, waits on its partition, and its output's CreateTime (the worker's producer, this
+   machine's clock) ends the measurement. A run fails when keylane's stall check had to read
+   a probe's partition again (the probe went missing on its way in; the time would include
+   the check's wait). The answer says whether the key's 10 KiB came back intact.
    From the worker's log: the records it replayed (Faust's "Reading Starts At - Active" and
    "Highwater - Active" tables), how long the replay took ("Restoring state from changelog
    topics" to "Done reading from changelog topics"), and when keylane's timer index, rebuilt
@@ -30,8 +31,8 @@ co-partitioned partitions, session timeout 6 s):
    joins with an empty one and restores the 3 partitions it is given (``join_ready_s``: what
    adding a worker costs). With standby 1, B then waits as long as the full replay took, for
    its standby copies of A's 3 partitions to catch up. "Who" probes find which worker owns
-   which partition; A is killed with SIGKILL, and probes for the key of A's partitions nearest
-   the middle of the range are produced from then on. ``failover_s`` is from the kill to the
+   which partition; A is killed with SIGKILL, and one probe for the key of A's partitions
+   nearest the middle of the range is produced then. ``failover_s`` is from the kill to the
    first answer from B. It includes detecting the crash: a killed worker never leaves the
    group, so the coordinator waits out the session timeout (``rebalance_s`` is when B's
    rebalance began, ``restored_s`` when B's tables were current). From B's log, the records
@@ -48,8 +49,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import functools
 import hashlib
 import logging
 import os
@@ -58,13 +57,11 @@ import shutil
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-
-from aiokafka import AIOKafkaProducer
 
 from bench.deployment import FATAL_MARKERS, REPO, Deployment, Testbed, stop
 from bench.harness import BenchFailure, Recorder, Result, Size, progress
@@ -84,7 +81,6 @@ FULL_KEYS_ENV = "BENCH_RECOVERY_KEYS"
 """Overrides the full run's sizes, e.g. ``BENCH_RECOVERY_KEYS=10000`` (comma-separated): the
 100,000-key size takes about 8 minutes on 2 cores, most of it the fill."""
 PREFIX = "recovery_"
-PROBE_INTERVAL_S = 0.1
 
 
 def result_name(keys: int) -> str:
@@ -171,6 +167,7 @@ REPLAY_LINE = "Restoring state from changelog topics"  # Faust's Recovery: a rep
 REPLAYED_LINE = "Done reading from changelog topics"  # ... and ends (neither when nothing to read)
 RESTORED_LINE = "Restore complete!"  # Faust's Recovery: active tables current, streams resume
 TIMERS_LINE = "timer index rebuilt"  # keylane's agent processor, after its scan of the table
+STALL_LINE = "no record from offset"  # keylane's offset guard, when its stall check re-reads a partition
 
 
 def first_logged(log_text: str, marker: str) -> float | None:
@@ -347,39 +344,12 @@ class RecoveryBench(Testbed):
         probe = encode(AgentEnvelope(payload=f"probe:{tag}"))
         await produce_all(self.bootstrap, deployment.topic(EVENTS), [(k, probe) for k in keys])
 
-    @contextlib.asynccontextmanager
-    async def ticking(
-        self, deployment: Deployment, key: bytes, tag: str, *, restored: Callable[[], bool]
-    ) -> AsyncIterator[None]:
-        """Produce ``probe:<tag>`` for ``key`` now, and again every PROBE_INTERVAL_S from when
-        ``restored()`` (polled) until the block ends.
-
-        One probe waiting at start is sometimes not processed until the next record reaches
-        its partition (keylane's offset guard then logs "arrived while ... was expected;
-        re-reading from there"; seen at HEAD too): the trickle, begun once the worker's tables
-        are restored, bounds that to one interval, as live traffic would, without queueing a
-        probe per interval of a long replay behind the key."""
-        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
-        await producer.start()
-        value = encode(AgentEnvelope(payload=f"probe:{tag}"))
-        topic = deployment.topic(EVENTS)
-
-        async def tick() -> None:
-            while not restored():  # noqa: ASYNC110 - it reads a log file, there is nothing to await
-                await asyncio.sleep(0.05)
-            while True:
-                await asyncio.sleep(PROBE_INTERVAL_S)
-                await producer.send_and_wait(topic, key=key, value=value)
-
-        ticker = asyncio.create_task(tick())
-        try:
-            await producer.send_and_wait(topic, key=key, value=value)  # the first one is there
-            yield
-        finally:
-            ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ticker
-            await producer.stop()
+    def check_no_stall(self, process: ManagedProcess, after: int, what: str) -> None:
+        """Fail when keylane's stall check had to read a partition again in what ``process``
+        logged from character ``after`` on: a probe record went missing on its way in, and
+        the time measured includes the check's wait."""
+        if STALL_LINE in process.log_since_start()[after:]:
+            raise BenchFailure(f"{what}: a probe waited for keylane's stall check; see {process.log_path}")
 
     @staticmethod
     def logged(process: ManagedProcess, marker: str, after: int) -> bool:
@@ -509,10 +479,10 @@ class RecoveryBench(Testbed):
         name = result_name(len(all_keys))
         middle = all_keys[len(all_keys) // 2]
         worker = self.recovery_worker(deployment, case, data_dir)
-        restored = functools.partial(self.logged, worker, RESTORED_LINE, 0)
-        async with self.ticking(deployment, middle, case, restored=restored):  # from before the launch
-            launched, ready_s = await self.launch_ready(worker, timeout_s)
-            probe = (await self.await_probes(reader, case, 1, timeout_s=timeout_s, watch=[worker]))[middle]
+        await self.send_probes(deployment, [middle], case)  # waiting before the launch
+        launched, ready_s = await self.launch_ready(worker, timeout_s)
+        probe = (await self.await_probes(reader, case, 1, timeout_s=timeout_s, watch=[worker]))[middle]
+        self.check_no_stall(worker, 0, f"{name}: volume {case}")
         if not probe.intact:
             raise BenchFailure(f"{name}: volume {case}: the middle key's 10 KiB did not come back intact")
         await self.wait_logged(worker, TIMERS_LINE, 0, 30 + len(all_keys) / 1000)
@@ -580,9 +550,9 @@ class RecoveryBench(Testbed):
         tag = f"failover-s{standby}"
         killed = time.time()
         await asyncio.to_thread(a.kill9)
-        restored = functools.partial(self.logged, b, RESTORED_LINE, len(joined_log))
-        async with self.ticking(deployment, victim, tag, restored=restored):
-            probe = (await self.await_probes(reader, tag, 1, timeout_s=timeout_s + 60, watch=[b]))[victim]
+        await self.send_probes(deployment, [victim], tag)
+        probe = (await self.await_probes(reader, tag, 1, timeout_s=timeout_s + 60, watch=[b]))[victim]
+        self.check_no_stall(b, len(joined_log), f"{name}: standby {standby}: failover")
         if probe.worker != b_label or not probe.intact:
             raise BenchFailure(f"{name}: standby {standby}: the failover probe was answered by {probe}")
         failover_s = probe.at_s - killed
