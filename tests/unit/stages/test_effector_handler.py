@@ -17,7 +17,7 @@ from keylane.authoring.tools import ToolRegistry
 from keylane.kafka.partitioner import expected_partition
 from keylane.records import ORIGIN_HEADER, Emit
 from keylane.signing import Keyring
-from keylane.stages.effector.claims import ClaimRecord, ClaimStore
+from keylane.stages.effector.claims import ClaimRecord, ClaimStore, Done
 from keylane.stages.effector.handler import LEASE_MARGIN_MS, Headers, IntentHandler
 from keylane.testing import ManualClock
 from keylane.wire import ErrorRecord, ToolIntent, ToolResult, decode, encode
@@ -546,3 +546,22 @@ async def test_handle_returns_only_after_the_result_is_handed_to_the_producer() 
     gate.set()
     await handling
     assert len(rig.io.results()) == 1
+
+
+async def test_a_result_over_the_record_limit_is_answered_as_an_error_and_recorded_done() -> None:
+    registry = ToolRegistry()
+    registry.register("report", lambda args: {"report": "x" * 5000}, side_effect=True)
+    registry.register("small", lambda args: {"ok": True}, side_effect=True)
+    rig = make_rig(registry)
+    rig.handler.result_limit = 1000
+
+    await rig.deliver(intent(intent_id="big", tool="report"))
+    await rig.deliver(intent(intent_id="fits", tool="small"), offset=1)
+    await rig.deliver(intent(intent_id="big", tool="report"), offset=2)  # a copy: Done, not run
+
+    results = rig.io.results()
+    assert [r.status for r in results] == ["ERROR", "OK", "ERROR"]
+    assert results[0].error is not None and "over the 1000-byte limit" in results[0].error
+    assert all(len(value) <= 1000 for value in rig.io.result_bytes())
+    assert rig.io.result_bytes()[2] == rig.io.result_bytes()[0], "the copy got the recorded answer"
+    assert isinstance(rig.claims.claim("big", now_ms=START_MS, lease_ms=LEASE_MS), Done)

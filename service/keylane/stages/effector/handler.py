@@ -21,7 +21,10 @@ Per record, in order (the job its partition's lane runs; see service.py for the 
 6. sign the ToolResult (when the keyring has a signing key), record it as Done, and hand it
    to the producer keyed by the intent's physical key. Every answer — OK, ERROR, EXPIRED,
    REJECTED — is recorded, so an intent id gets one answer, byte for byte, however often
-   it is delivered.
+   it is delivered. A result larger than ``result_limit`` (what both the Done record and
+   the agent.results record may take) is answered as an ERROR naming its size instead: the
+   Done record could not be written, and an effector that cannot record Done restarts into
+   an in-doubt claim and, for an ``in_doubt="rerun"`` tool, runs it again on every restart.
 
 Only when ``handle`` returns is the record acked; the effector's offset commit flushes the
 producer first, so an offset is committed only after its Done record and its result (or
@@ -53,6 +56,9 @@ from keylane.wire import MalformedRecord, ToolIntent, ToolResult, decode, encode
 
 log = logging.getLogger(__name__)
 
+RESULT_RECORD_MARGIN_BYTES = 4096
+"""Kept free below a record's limit for what wraps a result: the Done record's fields, the
+record's key, headers and batch framing."""
 LEASE_MARGIN_MS = 30_000
 """Added to the longest attempt to make a lease: covers recording Done, and clock skew."""
 GRACE_MARGIN_S = 5.0
@@ -120,8 +126,11 @@ class IntentHandler:
         keyring: Keyring | None = None,
         intent_signatures: Mode = "off",
         revoking: Callable[[], bool] = _never,
+        result_limit: int | None = None,
     ) -> None:
         self.registry = registry
+        self.result_limit = result_limit
+        """The most bytes one encoded, signed result may take (None: no limit)."""
         self.claims = claims
         self.io = io
         self.partitions = partitions
@@ -271,6 +280,16 @@ class IntentHandler:
     async def _finish(self, intent: ToolIntent, result: ToolResult) -> None:
         """Sign, record Done (the bytes every redelivery republishes), publish."""
         encoded = encode(self.keyring.sign(result))
+        if self.result_limit is not None and len(encoded) > self.result_limit:
+            error = (
+                f"tool {intent.tool!r} returned a {result.status} result of {len(encoded)} bytes, over "
+                f"the {self.result_limit}-byte limit of a result record; it ran, and its result was "
+                "not kept (return less, or raise max_message_bytes of agent.results in "
+                "topics/catalog.toml)"
+            )
+            log.warning("intent %s: %s", intent.intent_id, error)
+            result = result_of(intent, "ERROR", error=error)
+            encoded = encode(self.keyring.sign(result))
         self.claims.complete(intent.intent_id, encoded, now_ms=self.clock())
         await self._publish(intent, encoded)
         metrics.EFFECTOR_INTENTS.labels(result.status).inc()

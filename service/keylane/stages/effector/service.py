@@ -30,10 +30,10 @@ from typing import Any
 
 from keylane import metrics
 from keylane.authoring.tools import ToolRegistry
-from keylane.catalog import INTENTS, Catalog
+from keylane.catalog import INTENTS, RESULTS, Catalog
 from keylane.clock import Clock, wall_clock_ms
 from keylane.core.lanes import PartitionLanes
-from keylane.kafka.app import App, on_shutdown
+from keylane.kafka.app import App, changelog_record_limit, on_shutdown
 from keylane.kafka.delivery import RecordTooLarge, confirm_handed_off, confirming, track_changelog
 from keylane.kafka.lane_feed import lane_agent
 from keylane.kafka.offset_guard import guard_offsets
@@ -41,7 +41,13 @@ from keylane.kafka.publish import Publisher, raw_topic
 from keylane.records import Emit, InputRecord, error_emit
 from keylane.signing import Keyring, Mode
 from keylane.stages.effector.claims import ClaimStore
-from keylane.stages.effector.handler import EffectorIO, Headers, IntentHandler, revocation_grace_s
+from keylane.stages.effector.handler import (
+    RESULT_RECORD_MARGIN_BYTES,
+    EffectorIO,
+    Headers,
+    IntentHandler,
+    revocation_grace_s,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +142,8 @@ class Effector:
             keyring=keyring,
             intent_signatures=intent_signatures,
             revoking=lambda: self.lanes.revoking,
+            result_limit=min(changelog_record_limit(app, catalog), catalog[RESULTS].max_message_bytes)
+            - RESULT_RECORD_MARGIN_BYTES,
         )
         self.offsets = guard_offsets(app, [catalog.name(INTENTS)])
         metrics.zero(metrics.RECORDS_REROUTED, [INTENTS])
