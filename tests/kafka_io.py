@@ -11,10 +11,11 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer
 
 from keylane.config import Settings
+from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.producer import produce_in_order as produce
 from keylane.kafka.topic_reader import TopicRecord, read_to_end
 
-__all__ = ["consume", "kcat_produce", "produce", "wait_for_records"]
+__all__ = ["consume", "kcat_produce", "one_key_per_partition", "produce", "wait_for_records"]
 
 
 async def consume(
@@ -70,3 +71,15 @@ async def wait_for_records(
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"condition not met on {topic} within {timeout_s}s; {len(records)} records")
         await asyncio.sleep(0.5)
+
+
+def one_key_per_partition(partitions: int, template: str) -> list[bytes]:
+    """The first key ``template.format(n)`` (n = 0, 1, ...) on each partition, by murmur2, in
+    partition order: one record each gives every partition exactly one."""
+    found: dict[int, bytes] = {}
+    n = 0
+    while len(found) < partitions:
+        key = template.format(n).encode()
+        found.setdefault(expected_partition(key, partitions), key)
+        n += 1
+    return [found[p] for p in range(partitions)]

@@ -20,12 +20,11 @@ import pytest
 from keylane import tool
 from keylane.catalog import INTENTS, RESULTS, Catalog
 from keylane.config import Settings
-from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.topic_reader import read_to_end
 from keylane.wire import ToolIntent, ToolResult, decode, encode
 from tests.agents.flow import append_ledger
 from tests.integration.stream_checks import tool_runs, wait_until
-from tests.kafka_io import produce
+from tests.kafka_io import one_key_per_partition, produce
 from tests.processes import KeylaneProcess, process_env, running
 
 pytestmark = pytest.mark.kafka
@@ -39,16 +38,6 @@ async def slow_ship(args: dict[str, Any]) -> dict[str, Any]:
     append_ledger("TOOL_LEDGER", {"order": args["order"], "pid": os.getpid()})
     await asyncio.sleep(SLOW_S)
     return {"shipped": args["order"]}
-
-
-def one_key_per_partition(partitions: int) -> list[bytes]:
-    keys: dict[int, bytes] = {}
-    number = 0
-    while len(keys) < partitions:
-        key = f"order-{number}#0".encode()
-        keys.setdefault(expected_partition(key, partitions), key)
-        number += 1
-    return [keys[p] for p in range(partitions)]
 
 
 def ship(key: bytes) -> ToolIntent:
@@ -74,7 +63,7 @@ async def test_an_effector_joining_while_tools_run_makes_no_tool_run_twice(
     args = ["effector", "--tools", "tests.integration.test_effector_rebalance"]
     first = KeylaneProcess(args, {**env, "KEYLANE_DATA_DIR": str(tmp_path / "e1")}, tmp_path / "e1.log")
     second = KeylaneProcess(args, {**env, "KEYLANE_DATA_DIR": str(tmp_path / "e2")}, tmp_path / "e2.log")
-    keys = one_key_per_partition(catalog[INTENTS].partitions)
+    keys = one_key_per_partition(catalog[INTENTS].partitions, "order-{}#0")
     intents = {ship(key).intent_id for key in keys}
     orders = sorted(key.decode() for key in keys)
 

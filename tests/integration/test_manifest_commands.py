@@ -51,13 +51,12 @@ import pytest
 
 from keylane.catalog import EVENTS, OUTPUT, load_catalog
 from keylane.config import Settings
-from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.topic_reader import read_to_end
 from keylane.testing.processes import ManagedProcess, free_port, keylane_ready, readyz_status
 from keylane.wire import AgentEnvelope, encode
 from tests.broker import REPO, local_kafka
 from tests.deploy.test_k8s import _argv, _named, _pod_spec, _render
-from tests.kafka_io import produce
+from tests.kafka_io import one_key_per_partition, produce
 
 pytestmark = pytest.mark.kafka
 
@@ -248,17 +247,6 @@ def _explain(container: Container, result: subprocess.CompletedProcess[str]) -> 
     return f"{container.label}: {command} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
 
 
-def _keys_on_every_partition(partitions: int) -> list[bytes]:
-    """One customer per partition, so every worker and every effector has work."""
-    found: dict[int, bytes] = {}
-    i = 0
-    while len(found) < partitions:
-        key = f"customer-{i}".encode()
-        found.setdefault(expected_partition(key, partitions), key)
-        i += 1
-    return [found[p] for p in sorted(found)]
-
-
 async def _outputs(settings: Settings, topic: str, customers: set[str]) -> dict[str, dict[str, Any]]:
     """The example agent's output per customer, once every customer has one."""
     deadline = asyncio.get_running_loop().time() + OUTPUTS_WITHIN_S
@@ -368,7 +356,7 @@ def test_the_prod_containers_start_get_ready_serve_and_stop_within_their_grace(
 
         # The example agent answers every customer, each reply sent once by an effector.
         catalog = load_catalog(prefix=settings.topic_prefix)
-        keys = _keys_on_every_partition(catalog[EVENTS].partitions)
+        keys = one_key_per_partition(catalog[EVENTS].partitions, "customer-{}")
         customers = {k.decode() for k in keys}
         events = [(k, encode(AgentEnvelope(payload=f"where is my refund, {k.decode()}?"))) for k in keys]
         asyncio.run(produce(settings, catalog.name(EVENTS), events))

@@ -17,25 +17,14 @@ import pytest
 from keylane.catalog import EVENTS, OUTPUT, Catalog
 from keylane.config import Settings
 from keylane.kafka.offset_guard import STALL_CHECK_S, STALL_REREAD_AFTER_S
-from keylane.kafka.partitioner import expected_partition
 from keylane.testing.processes import free_port
 from keylane.wire import AgentEnvelope, encode
 from tests.integration.test_redelivery import by_id, metric
 from tests.integration.test_resume_position import commits_reach_the_end
-from tests.kafka_io import produce, wait_for_records
+from tests.kafka_io import one_key_per_partition, produce, wait_for_records
 from tests.processes import KeylaneProcess, process_env, running
 
 pytestmark = pytest.mark.kafka
-
-
-def one_key_per_partition(partitions: int) -> list[bytes]:
-    keys: dict[int, bytes] = {}
-    i = 0
-    while len(keys) < partitions:
-        key = f"quiet-{i}".encode()
-        keys.setdefault(expected_partition(key, partitions), key)
-        i += 1
-    return [keys[p] for p in sorted(keys)]
 
 
 @pytest.mark.timeout(240)
@@ -57,7 +46,7 @@ async def test_a_dropped_record_is_read_again_when_nothing_follows_it(
         tmp_path / "worker.log",
         module="tests.integration.drop_fetch_probe",
     )
-    keys = one_key_per_partition(catalog[EVENTS].partitions)
+    keys = one_key_per_partition(catalog[EVENTS].partitions, "quiet-{}")
     with running(worker):
         await produce(
             settings, catalog.name(EVENTS), [(k, encode(AgentEnvelope(payload=k.decode()))) for k in keys]
