@@ -18,7 +18,7 @@ help:
 	@echo "make broker-stop  stop the local Kafka started by 'make broker'"
 	@echo "make lint         ruff and mypy --strict"
 	@echo "make chaos        the long kill -9 chaos runs (CHAOS_SEEDS, CHAOS_EVENTS, CHAOS_KILLS; CHAOS_TESTS; about 40 min a seed)"
-	@echo "make bench        every benchmark (about 10 min); writes bench-report.md"
+	@echo "make bench        every benchmark (about 20 min: the recovery runs fill 100k keys); writes bench-report.md"
 	@echo "make bench-quick  a one-minute smoke run of the same harness"
 	@echo "make bench-gate   fail if the last run misses the seed's budget or the fan-out ratio"
 
