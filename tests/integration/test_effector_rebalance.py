@@ -40,18 +40,23 @@ async def slow_ship(args: dict[str, Any]) -> dict[str, Any]:
     return {"shipped": args["order"]}
 
 
-def ship(key: bytes) -> ToolIntent:
+def fresh_intent(intent_id: str, key: str, tool: str, args: dict[str, Any]) -> ToolIntent:
+    """An intent created now, expiring in 10 minutes: the first step of its key's activation."""
     now = time.time_ns() // 1_000_000
     return ToolIntent(
-        intent_id=f"ship-{key.decode()}",
-        entity_key=key.decode(),
+        intent_id=intent_id,
+        entity_key=key,
         seq=0,
         step_index=0,
-        tool="slow_ship",
-        args_json=json.dumps({"order": key.decode()}),
+        tool=tool,
+        args_json=json.dumps(args),
         created_at_ms=now,
         expires_at_ms=now + 600_000,
     )
+
+
+def ship(key: bytes) -> ToolIntent:
+    return fresh_intent(f"ship-{key.decode()}", key.decode(), "slow_ship", {"order": key.decode()})
 
 
 @pytest.mark.timeout(300)

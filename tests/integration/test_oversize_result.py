@@ -13,7 +13,6 @@ answer without running anything.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from keylane.testing.processes import free_port
 from keylane.wire import ToolIntent, ToolResult, decode, encode
 from tests.agents.flow import append_ledger
 from tests.integration.stream_checks import tool_runs, wait_until
-from tests.integration.test_effector_rebalance import wait_results
+from tests.integration.test_effector_rebalance import fresh_intent, wait_results
 from tests.integration.test_redelivery import metric
 from tests.kafka_io import produce
 from tests.processes import KeylaneProcess, process_env, running
@@ -44,17 +43,7 @@ def huge_report(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def report_intent(key: str) -> ToolIntent:
-    now = time.time_ns() // 1_000_000
-    return ToolIntent(
-        intent_id=f"report-{key}",
-        entity_key=key,
-        seq=0,
-        step_index=0,
-        tool="huge_report",
-        args_json=json.dumps({"for": key}),
-        created_at_ms=now,
-        expires_at_ms=now + 600_000,
-    )
+    return fresh_intent(f"report-{key}", key, "huge_report", {"for": key})
 
 
 @pytest.mark.timeout(240)
