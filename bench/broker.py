@@ -45,18 +45,24 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import shutil
-import sys
-import traceback
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from bench.agents import LLM_LATENCY_MS, SHARDS_ENV
 from bench.deployment import Deployment, Testbed, start, stop
-from bench.harness import BenchFailure, Recorder, Result, Size, percentile, progress
+from bench.harness import (
+    BenchFailure,
+    Recorder,
+    Result,
+    Size,
+    Step,
+    percentile,
+    progress,
+    quiet_aiokafka,
+    run_steps,
+)
 from bench.names import E2E_NOOP, FANOUT_SHARDS, HOT_KEY_FANOUT, PEER_AIOKAFKA, PEER_FAUST, PER_KEY_CEILING
 from bench.producers import produce_all, produce_paced
 from bench.reader import OutRecord, Reader, rate_of
@@ -345,37 +351,16 @@ async def run_broker_benchmarks(recorder: Recorder, *, size: Size, bootstrap: st
     the run's topics deleted either way.
     """
     bench = BrokerBench(recorder, PLANS[size], bootstrap)
-    # Fresh topics answer the first produce and offset lookups with NotLeaderForPartition
-    # for a moment; aiokafka retries them and logs each retry. Keep that off stderr: real
-    # failures raise on their own.
-    aiokafka_log = logging.getLogger("aiokafka")
-    aiokafka_level = aiokafka_log.level
-    aiokafka_log.setLevel(logging.CRITICAL)
     progress(f"broker benchmarks ({size}) on {bootstrap}; topics {bench.run_id}-*; logs in {bench.work_dir}")
-    steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+    steps: list[Step] = [
         ("e2e_noop and peers", bench.e2e_and_peers),
         (PER_KEY_CEILING, bench.per_key_ceiling),
         *((HOT_KEY_FANOUT[n], functools.partial(bench.hot_key_fanout, n)) for n in FANOUT_SHARDS),
     ]
-    failures: list[tuple[str, BaseException]] = []
-    try:
-        for label, step in steps:
-            try:
-                await step()
-            except Exception as exc:  # noqa: BLE001 - reported below, raised after the other steps
-                failures.append((label, exc))
-                progress(f"FAILED {label}: {type(exc).__name__}: {exc}")
-                traceback.print_exc(file=sys.stderr)
-            finally:
-                await bench.stop_all()
-    finally:
-        await bench.stop_all()
-        await bench.delete_topics()
-        aiokafka_log.setLevel(aiokafka_level)
-    if failures:
-        label, first = failures[0]
-        raise BenchFailure(
-            f"{len(failures)} broker benchmark step(s) failed, first {label}: {first}; "
-            f"logs in {bench.work_dir}"
-        ) from first
+    with quiet_aiokafka():
+        try:
+            await run_steps("broker benchmark step(s)", steps, after_each=bench.stop_all, logs=bench.work_dir)
+        finally:
+            await bench.stop_all()
+            await bench.delete_topics()
     shutil.rmtree(bench.work_dir, ignore_errors=True)

@@ -5,10 +5,14 @@ Benchmarks are not tests. They measure; bench/gate.py judges ratios measured in 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import statistics
 import sys
 import time
+import traceback
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -105,3 +109,44 @@ def load_results(path: Path) -> tuple[str, dict[str, Result]]:
 def progress(message: str) -> None:
     """One progress line on stderr, with the time since the run started."""
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+Step = tuple[str, Callable[[], Awaitable[None]]]
+"""A label and the coroutine function that measures it."""
+
+
+async def run_steps(
+    what: str, steps: Iterable[Step], *, after_each: Callable[[], Awaitable[None]], logs: Path
+) -> None:
+    """Run every step, even after one failed, awaiting ``after_each`` after each; then raise
+    the first failure as a BenchFailure saying how many ``what`` failed (the results that
+    were measured are already recorded)."""
+    failures: list[tuple[str, BaseException]] = []
+    for label, step in steps:
+        try:
+            await step()
+        except Exception as exc:  # noqa: BLE001 - reported here, raised after the other steps
+            failures.append((label, exc))
+            progress(f"FAILED {label}: {type(exc).__name__}: {exc}")
+            traceback.print_exc(file=sys.stderr)
+        finally:
+            await after_each()
+    if failures:
+        label, first = failures[0]
+        raise BenchFailure(
+            f"{len(failures)} {what} failed, first {label}: {first}; logs in {logs}"
+        ) from first
+
+
+@contextlib.contextmanager
+def quiet_aiokafka() -> Iterator[None]:
+    """Keep aiokafka's retry warnings off stderr for the block: fresh topics answer the first
+    produce and offset lookups with NotLeaderForPartition for a moment, and aiokafka logs
+    each retry. Real failures raise on their own."""
+    aiokafka_log = logging.getLogger("aiokafka")
+    level = aiokafka_log.level
+    aiokafka_log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        aiokafka_log.setLevel(level)

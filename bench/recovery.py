@@ -49,14 +49,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import hashlib
-import logging
 import os
 import re
 import shutil
 import sys
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -64,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.deployment import FATAL_MARKERS, REPO, Deployment, Testbed, stop
-from bench.harness import BenchFailure, Recorder, Result, Size, progress
+from bench.harness import BenchFailure, Recorder, Result, Size, progress, quiet_aiokafka, run_steps
 from bench.producers import produce_all
 from bench.reader import OutRecord, Reader, rate_of
 from keylane import ActivationContext, AgentConfig, Complete
@@ -599,32 +598,15 @@ async def run_recovery_benchmarks(
     ``recorder``. A size that fails does not stop the next; the first failure is raised
     after all ran. Processes are stopped and the run's topics deleted either way."""
     bench = RecoveryBench(recorder, bootstrap)
-    aiokafka_log = logging.getLogger("aiokafka")
-    level = aiokafka_log.level
-    aiokafka_log.setLevel(logging.CRITICAL)  # retries on fresh topics, as in bench/broker.py
-    failures: list[tuple[int, BaseException]] = []
     progress(f"recovery benchmarks on {bootstrap}; topics {bench.run_id}-*; logs in {bench.work_dir}")
-    try:
-        for n in keys or sizes_for(size):
-            try:
-                await bench.size(n)
-            except Exception as exc:  # noqa: BLE001 - raised after the other sizes
-                failures.append((n, exc))
-                progress(f"FAILED {result_name(n)}: {type(exc).__name__}: {exc}")
-                traceback.print_exc(file=sys.stderr)
-            finally:
-                await bench.stop_all()
-    finally:
-        await bench.stop_all()
-        if not keep_logs:
-            await bench.delete_topics()
-        aiokafka_log.setLevel(level)
-    if failures:
-        n, first = failures[0]
-        raise BenchFailure(
-            f"{len(failures)} recovery size(s) failed, first {result_name(n)}: {first}; "
-            f"logs in {bench.work_dir}"
-        ) from first
+    sizes = [(result_name(n), functools.partial(bench.size, n)) for n in keys or sizes_for(size)]
+    with quiet_aiokafka():
+        try:
+            await run_steps("recovery size(s)", sizes, after_each=bench.stop_all, logs=bench.work_dir)
+        finally:
+            await bench.stop_all()
+            if not keep_logs:
+                await bench.delete_topics()
     if keep_logs:
         progress(f"logs kept in {bench.work_dir}")
     else:
