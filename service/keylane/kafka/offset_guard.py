@@ -246,8 +246,7 @@ class OffsetGuard:
         docstring). Partitions paused by their lane window, and everything during a rebalance
         or a restore, are left alone: nothing is fetched there then by design."""
         app = self.app
-        consumer = app.consumer
-        if app.rebalancing or not recovery_completed(app) or not getattr(consumer, "flow_active", True):
+        if app.rebalancing or not recovery_completed(app) or not app.consumer.flow_active:
             self._quiet.clear()
             return
         now = time.monotonic()

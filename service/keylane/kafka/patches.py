@@ -39,6 +39,8 @@ Faust and aiokafka internals keylane reaches without patching them:
   commit too, ``OffsetGuard.on_commit``); ``OffsetGuard.commit_revoked`` commits through
   the consumer thread's aiokafka consumer (``_thread._ensure_consumer()``, ``thread_loop``),
   because the consumer's method queue may be held by a fetch waiting for the rebalance.
+* The Consumer's ``flow_active`` (``OffsetGuard.reread_stalled``): whether Faust delivers
+  fetched records now; while it does not, a partition with records waiting is not stalled.
 * ``app.tables.recovery.completed`` (``recovery_completed`` in service/keylane/kafka/app.py):
   the TableManager's recovery, which its Protocol does not declare.
 * ``AIOKafkaAdminClient._client`` (service/keylane/kafka/topic_admin.py): the public admin
