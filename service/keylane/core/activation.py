@@ -334,12 +334,16 @@ class KeyRuntime:
         wanted: IntentKind = "approval" if isinstance(resume, Approval) else "tool"
         if pending is not None and pending.kind != wanted:
             return "kind_mismatch"  # e.g. a ToolResult forged for an approval request's id
-        if isinstance(resume, ToolResult) and resume.status == "EXPIRED":
-            # The effector refused the intent as expired. While the suspension lives (its
-            # timer has not fired yet), the agent gets the chance to take its degraded path.
-            return None
         now = self.clock()
-        if cont.deadline_ms <= 0 or now >= cont.deadline_ms:
+        past_deadline = cont.deadline_ms <= 0 or now >= cont.deadline_ms
+        if isinstance(resume, ToolResult) and resume.status == "EXPIRED":
+            # The effector refused the intent as expired, which it says only once the intent's
+            # expiry passed. Where that expiry is what set the suspension's deadline, the
+            # answer is due at the deadline and the agent gets its degraded path; a
+            # suspension whose own timeout passed first belongs to the HITL timer's policy.
+            expiry_set_deadline = pending is not None and pending.expires_at_ms <= cont.deadline_ms
+            return "deadline_passed" if past_deadline and not expiry_set_deadline else None
+        if past_deadline:
             return "deadline_passed"
         if pending is not None and now >= pending.expires_at_ms:
             return "intent_expired"
@@ -508,7 +512,13 @@ class KeyRuntime:
         metrics.TIMERS_FIRED.labels(fired.kind).inc()
         if fired.kind == TTL:
             tombstone, emits = collected(state, record, key, ttl_ms=self.config.ttl_ms, now_ms=now)
-            return Decision(tombstone, emits)
+            # The dead letters go in the tombstone's outbox, so a redelivered fire (a crash
+            # before they were confirmed) publishes them again.
+            kept = struct_replace(tombstone, outbox=staged(state, record, emits, self.deliveries))
+            sealed = self._seal(kept, key)
+            if sealed is None:  # cannot happen: the outbox holds what the state held already
+                return Decision(tombstone, emits)
+            return self._decided(state, kept, *sealed, emits)
         outcome = timed_out(state, record, key, self.config.hitl_policy, now_ms=now)
         if outcome is None:
             return Decision(None, [])

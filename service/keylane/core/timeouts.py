@@ -29,7 +29,7 @@ def collected(
 
     The tombstone keeps only what keeps ids unique and redeliveries recognisable (the seq
     counter, applied offsets, settled intents): a key that came back at seq 0 would re-mint
-    its old intent and output ids.
+    its old intent and output ids. The caller stages the dead letters in its outbox.
     """
     key_text = key.decode()
     emits = []

@@ -259,3 +259,20 @@ async def test_an_approval_for_the_pending_request_resumes_with_the_decision() -
     assert_orphan(stranger, "unknown_intent", "not-asked")
     assert decisions == [(False, "ana")]
     assert harness.outputs() == [(KEY, b"denied")]
+
+
+async def test_an_expired_tool_result_after_the_suspensions_own_timeout_is_left_to_the_timer() -> None:
+    # The suspension's own timeout (1 s) passed long before its intent's expiry (120 s): the
+    # deadline belongs to the HITL policy, and an EXPIRED answer must not pre-empt it.
+    clock = ManualClock()
+    agent = Recorder(suspend_timeout_ms=1_000, ttl_ms=120_000)
+    harness = await suspended_harness(agent, clock)
+    [intent] = harness.intents()
+    before = harness.store[KEY]
+
+    clock.advance(1_000)
+    decision = await harness.send_result(harness.result_for(intent, status="EXPIRED", result_json=None))
+
+    assert_orphan(decision, "deadline_passed", intent.intent_id)
+    assert harness.store[KEY] == before
+    assert agent.resumes == []

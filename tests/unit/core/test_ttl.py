@@ -37,10 +37,14 @@ async def counts(ctx: ActivationContext) -> Complete:
 
 
 def assert_collected(harness: AgentHarness) -> None:
-    """TTL collected the key: only a tombstone (seq, applied offsets) is left, with no timers."""
+    """TTL collected the key: only a tombstone (seq, applied offsets, and in its outbox the
+    dead letters the collection staged, until confirmed) is left, with no timers."""
     state = harness.state(KEY)
     assert state.memory.entries == {} and state.continuation is None and state.pending == {}
-    assert state.llm_cache == [] and state.buffered == [] and state.outbox == []
+    assert state.llm_cache == [] and state.buffered == []
+    assert [o.label for o in state.outbox] == [
+        e.reason for e in harness.errors() if e.reason == "ttl_wiped_suspension"
+    ]
     assert state.timers == {}
     assert KEY in harness.store
 
@@ -176,6 +180,25 @@ async def test_events_queued_behind_a_suspension_ttl_collected_are_each_dead_let
     assert [e.reason for e in errors] == ["ttl_wiped_suspension"] * 3
     kept = [base64.b64decode(e.raw_value_b64 or "") for e in errors[1:]]
     assert [json.loads(k)["event_id"] for k in kept] == ["e-1", "e-2"], "nothing is lost silently"
+
+
+async def test_a_redelivered_ttl_fire_publishes_its_dead_letters_again() -> None:
+    # A crash after the tombstone's changelog record and before Kafka confirmed the dead
+    # letters redelivers the fire: the tombstone's outbox must still hold them.
+    clock = ManualClock()
+    harness, _ = await asked(clock)
+    await harness.send_event(KEY, "queued-1", event_id="e-1")
+    ttl = harness.state(KEY).timers[TTL]
+    clock.advance(WAIT_MS + TTL_MS)
+    await send_fire(harness, TTL, ttl.token, ttl.deadline_ms)
+    first = [e.error_id for e in harness.errors()]
+    assert len(first) == 2
+    fire = harness.records[-1]
+
+    again = await harness.redeliver(fire)
+
+    assert [e.record_id for e in again.emits] == first
+    assert harness.state(KEY).continuation is None and harness.state(KEY).buffered == []
 
 
 async def test_a_ttl_fire_for_a_key_already_collected_changes_nothing() -> None:
