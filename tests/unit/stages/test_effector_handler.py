@@ -510,12 +510,25 @@ async def test_without_keys_results_are_unsigned() -> None:
 # --- the order an answer reaches the producer ----------------------------------------------
 
 
-async def test_the_claim_is_flushed_before_the_tool_and_done_is_written_before_the_result() -> None:
+async def test_the_claim_is_flushed_before_the_tool_and_done_is_flushed_before_the_result() -> None:
     rig = make_rig()
 
     await rig.deliver(intent())
 
-    assert rig.log == ["write claimed", "flush", "tool", "write done", "publish agent.results"]
+    assert rig.log == ["write claimed", "flush", "tool", "write done", "flush", "publish agent.results"]
+
+
+async def test_a_done_found_locally_is_written_and_flushed_again_before_it_is_republished() -> None:
+    rig = make_rig()
+    await rig.deliver(intent())
+    rig.log.clear()
+
+    await rig.deliver(intent(), offset=1)  # a restart on the same volume: Done is local only
+
+    assert rig.log == ["write done", "flush", "publish agent.results"]
+    first, again = rig.io.result_bytes()
+    assert again == first and len(rig.calls) == 1
+    assert msgspec.msgpack.decode(rig.table[b"i-1"], type=ClaimRecord).result == first
 
 
 async def test_a_rejected_intent_is_answered_once_and_never_claimed_for_running() -> None:
@@ -527,7 +540,7 @@ async def test_a_rejected_intent_is_answered_once_and_never_claimed_for_running(
     first, again = rig.io.result_bytes()
     assert decode(first, ToolResult).status == "REJECTED"
     assert again == first
-    assert "flush" not in rig.log
+    assert rig.log[:4] == ["write claimed", "write done", "flush", "publish agent.results"], "no run"
 
 
 async def test_handle_returns_only_after_the_result_is_handed_to_the_producer() -> None:

@@ -13,18 +13,24 @@ Per record, in order (the job its partition's lane runs; see service.py for the 
 3. under ``KEYLANE_INTENT_SIGNATURES=require`` an unsigned or badly signed intent becomes
    ``unsigned_intent`` on agent.errors and its tool never runs;
 4. claim it (claims.py), in this order: Done republishes the stored result (even after
-   the intent's expiry); InFlight waits for the holder's lease, then claims again; Expired
-   answers EXPIRED; an intent the registry cannot run answers REJECTED; InDoubt is settled
-   by the tool's ``reconcile`` hook or its ``in_doubt`` policy (service/keylane/authoring/tools.py);
+   the intent's expiry), after writing it again and flushing (step 6); InFlight waits for
+   the holder's lease, then claims again; Expired answers EXPIRED; an intent the registry
+   cannot run answers REJECTED; InDoubt is settled by the tool's ``reconcile`` hook or its
+   ``in_doubt`` policy (service/keylane/authoring/tools.py);
 5. flush the producer, so the claim is durable before the side effect; refuse the intent
    (EXPIRED) if it expired meanwhile; run the tool, with the intent id, within its timeout;
-6. sign the ToolResult (when the keyring has a signing key), record it as Done, and hand it
-   to the producer keyed by the intent's physical key. Every answer — OK, ERROR, EXPIRED,
-   REJECTED — is recorded, so an intent id gets one answer, byte for byte, however often
-   it is delivered. A result larger than ``result_limit`` (what both the Done record and
-   the agent.results record may take) is answered as an ERROR naming its size instead: the
-   Done record could not be written, and an effector that cannot record Done restarts into
-   an in-doubt claim and, for an ``in_doubt="rerun"`` tool, runs it again on every restart.
+6. sign the ToolResult (when the keyring has a signing key), record it as Done, flush the
+   producer (so Kafka has the Done record), and only then hand the result to the producer,
+   keyed by the intent's physical key. A Done found in the local store is written and
+   flushed again before it is republished: a kill -9 between a local put and its changelog
+   delivery leaves RocksDB at Done and the changelog at "claimed", and a later owner of the
+   partition (a fresh volume) would restore the claim and face the intent in doubt. Every
+   answer — OK, ERROR, EXPIRED, REJECTED — is recorded, so an intent id gets one answer,
+   byte for byte, however often it is delivered. A result larger than ``result_limit``
+   (what both the Done record and the agent.results record may take) is answered as an
+   ERROR naming its size instead: the Done record could not be written, and an effector
+   that cannot record Done restarts into an in-doubt claim and, for an
+   ``in_doubt="rerun"`` tool, runs it again on every restart.
 
 Only when ``handle`` returns is the record acked; the effector's offset commit flushes the
 producer first, so an offset is committed only after its Done record and its result (or
@@ -193,6 +199,9 @@ class IntentHandler:
             )
             if isinstance(outcome, Done):
                 metrics.EFFECTOR_REPUBLISHED.inc()
+                # Found in the local store, its changelog record may never have reached Kafka
+                # (a kill -9 between the two): written again, so the next owner restores Done.
+                await self._record(intent, outcome.result)
                 await self._publish(intent, outcome.result)
                 return
             if not isinstance(outcome, InFlight):
@@ -290,9 +299,15 @@ class IntentHandler:
             log.warning("intent %s: %s", intent.intent_id, error)
             result = result_of(intent, "ERROR", error=error)
             encoded = encode(self.keyring.sign(result))
-        self.claims.complete(intent.intent_id, encoded, now_ms=self.clock())
+        await self._record(intent, encoded)
         await self._publish(intent, encoded)
         metrics.EFFECTOR_INTENTS.labels(result.status).inc()
+
+    async def _record(self, intent: ToolIntent, result: bytes) -> None:
+        """Write Done and wait until Kafka has its changelog record: a result reaches
+        agent.results only once its Done survives the loss of this effector's volume."""
+        self.claims.complete(intent.intent_id, result, now_ms=self.clock())
+        await self.io.flush()
 
     async def _publish(self, intent: ToolIntent, result: bytes) -> None:
         await self.io.publish(
