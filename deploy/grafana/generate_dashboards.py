@@ -299,9 +299,13 @@ def overview() -> builders.Dashboard:
         .with_panel(
             _timeseries(
                 32,
-                "Keys waiting",
-                "Keys suspended now, by what they wait for.",
-                [(f"sum by (kind) (keylane_waiting_keys{{{SEL}}})", "{{kind}}")],
+                "Keys waiting and quarantined",
+                "Keys suspended now, by what they wait for; and keys whose state does not read "
+                "(quarantined: their inputs go to agent.errors as poison_state).",
+                [
+                    (f"sum by (kind) (keylane_waiting_keys{{{SEL}}})", "{{kind}}"),
+                    (f"sum(keylane_quarantined_keys{{{SEL}}})", "quarantined"),
+                ],
                 unit="short",
                 width=6,
             )

@@ -6,8 +6,9 @@ Three families, by what the caller should do:
 * permanent: the input or request is wrong; it goes to ``agent.errors`` or back to the user;
 * fatal (``Fatal``): something keylane relies on is broken, and nothing about the input can
   fix it: a record Kafka refused crashes the worker (the supervisor restarts it from the last
-  committed offset); a key's state blob that is corrupt or from a newer keylane fails every
-  input of that key (``processing_failed``) until an operator acts.
+  committed offset); a key's state blob that is corrupt or from a newer keylane quarantines
+  that key: its inputs become ``poison_state`` dead letters until an operator acts, and the
+  other keys go on (service/keylane/core/quarantine.py).
 
 Messages of errors an operator must act on say what to do.
 """

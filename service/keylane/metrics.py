@@ -135,6 +135,11 @@ UNSIGNED = Counter(
 TIMERS_FIRED = Counter("keylane_timers_fired", "Due timer fires applied by a key's lane.", ["kind"])
 TIMERS_IGNORED = Counter("keylane_timers_ignored", "Timer fires ignored as stale, early or duplicate.")
 TIMERS_SENT = Counter("keylane_timers_sent", "Timer-fired commands sent by the scan.", ["kind"])
+QUARANTINED_KEYS = Gauge(
+    "keylane_quarantined_keys",
+    "Keys of this worker's partitions whose stored state does not read (a newer keylane's "
+    "blob, or corrupt): their inputs are dead-lettered as poison_state.",
+)
 WAITING_KEYS = Gauge(
     "keylane_waiting_keys",
     "Keys of this worker's partitions suspended now, by what they wait for: approval (at least "

@@ -38,6 +38,7 @@ ErrorReason = Literal[
     "ttl_wiped_suspension",
     "record_too_large",
     "processing_failed",
+    "poison_state",
 ]
 """Why a record is on agent.errors (``ErrorRecord.reason``; docs/runtime.md lists when each is written)."""
 

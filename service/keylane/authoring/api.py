@@ -122,8 +122,8 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.hitl_policy, HitlPolicy):
             raise ValueError("AgentConfig.hitl_policy must be a HitlPolicy")
-        if self.ttl_ms <= 0:
-            raise ValueError(f"AgentConfig.ttl_ms must be positive, got {self.ttl_ms}")
+        if not isinstance(self.ttl_ms, int) or isinstance(self.ttl_ms, bool) or self.ttl_ms <= 0:
+            raise ValueError(f"AgentConfig.ttl_ms must be a positive number of ms, got {self.ttl_ms!r}")
         if self.activation_timeout_s <= 0:
             raise ValueError(f"AgentConfig.activation_timeout_s must be > 0, got {self.activation_timeout_s}")
         if self.shards is not None and self.shards < 1:

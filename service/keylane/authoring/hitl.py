@@ -28,6 +28,10 @@ class Deny:
 
     output: bytes = b"__hitl_timeout__"
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.output, bytes):
+            raise ValueError(f"Deny.output must be bytes, got {type(self.output).__name__}; encode it first")
+
 
 @dataclass(frozen=True)
 class Drop:
@@ -43,10 +47,12 @@ class Escalate:
     timeout_ms: int
 
     def __post_init__(self) -> None:
-        if not self.tool_name:
+        if not isinstance(self.tool_name, str) or not self.tool_name:
             raise ValueError("Escalate.tool_name must be a non-empty channel name")
-        if self.timeout_ms <= 0:
-            raise ValueError(f"Escalate.timeout_ms must be positive, got {self.timeout_ms}")
+        if not isinstance(self.args_json, str):
+            raise ValueError(f"Escalate.args_json must be a str, got {type(self.args_json).__name__}")
+        if not isinstance(self.timeout_ms, int) or isinstance(self.timeout_ms, bool) or self.timeout_ms <= 0:
+            raise ValueError(f"Escalate.timeout_ms must be a positive number of ms, got {self.timeout_ms!r}")
 
 
 TimeoutDecision = Deny | Drop | Escalate

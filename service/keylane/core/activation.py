@@ -4,6 +4,8 @@ Broker-free on purpose: the Faust processor, the in-process test harness and the
 all drive this same code. For each input record, in order:
 
 1. decode it strictly (a bad record becomes ``malformed_record``, the state is untouched);
+   A key whose stored state does not read (a blob from a newer keylane, or corrupt) is
+   quarantined and the input becomes ``poison_state`` (service/keylane/core/quarantine.py);
 2. recognise a redelivery by the record's identity (``InputRecord.identity``: the original's
    stream and offset, shared by every copy keylane re-produced): an offset at or below the
    last one the key applied from that stream re-publishes that input's outbox entries and
@@ -60,6 +62,7 @@ from keylane.core.outbox import (
     republished,
     staged,
 )
+from keylane.core.quarantine import Quarantine
 from keylane.core.replay_cache import ReplayCache
 from keylane.core.state import (
     SETTLED_INTENTS_KEPT,
@@ -68,6 +71,8 @@ from keylane.core.state import (
     IntentKind,
     KeyState,
     PendingIntent,
+    UnencodableState,
+    UnreadableState,
     encode_state,
     over_limit,
     seal,
@@ -165,6 +170,7 @@ class KeyRuntime:
         self.clock = clock
         self.limiter = ProviderLimiter(config.rate_limit) if config.rate_limit else None
         self.deliveries = Deliveries()
+        self.quarantine = Quarantine()
 
     def on_published(self, record_id: str) -> None:
         """A record was handed to the producer; its outbox entry stays until delivery."""
@@ -190,7 +196,31 @@ class KeyRuntime:
             return Decision(None, [self._error(record, "malformed_record", exc.detail)])
         assert record.key is not None
         key = record.key
-        state = state_of(key)
+        try:
+            state = state_of(key)
+        except UnreadableState as exc:
+            self.quarantine.enter(key, str(exc))
+            detail = (
+                f"{exc}; the key is quarantined: its inputs are dead-lettered until its state reads "
+                "again (deploy the keylane that wrote it, or remove the key's state), then re-drive them"
+            )
+            return Decision(None, [self._error(record, "poison_state", detail, entity_key=key_text)])
+        if key in self.quarantine:
+            self.quarantine.release(key)
+        try:
+            return await self._decide(record, parsed, state, key, key_text)
+        except UnencodableState as exc:
+            return Decision(None, [self._error(record, "activation_error", str(exc), entity_key=key_text)])
+
+    async def _decide(
+        self,
+        record: InputRecord,
+        parsed: AgentEnvelope | ToolResult | Approval | TimerFired,
+        state: KeyState,
+        key: bytes,
+        key_text: str,
+    ) -> Decision:
+        """``handle`` once the key's state is read: steps 2-8 of the module docstring."""
         stream, offset = record.identity
         last = applied_offset(state, record)
         if last is not None and offset <= last:
@@ -549,7 +579,12 @@ class KeyRuntime:
                 emits.append(self._error(origin, exc.reason, exc.detail, entity_key=key.decode()))
                 continue
             staged = self._advance(committed.state, record, [*before, *emits, *committed.emits])
-            if self._seal(staged, key) is None:
+            try:
+                sealed = self._seal(staged, key)
+            except UnencodableState as exc:
+                emits.append(self._error(origin, "activation_error", str(exc), entity_key=key.decode()))
+                continue
+            if sealed is None:
                 metrics.STATE_OVER_LIMIT.inc()
                 detail = self._over_limit(staged, key)
                 emits.append(self._error(origin, "state_too_large", detail, entity_key=key.decode()))

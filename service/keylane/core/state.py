@@ -28,8 +28,10 @@ keylane.cells, because the authoring API's Memory facade builds it too.
 
 Encoding: msgpack with field names (msgspec), never pickle. ``state_schema_version`` is on
 every blob and ``encode_state`` always writes the current one; a blob from a newer version
-is refused (StateFromTheFuture) rather than guessed. tests/unit/core/test_state_golden.py pins
-the bytes of a reference blob for every version this code reads:
+is refused (StateFromTheFuture) rather than guessed, and every blob the runtime commits is
+decoded once before it is (``seal``), so a key never holds a blob it cannot read back.
+tests/unit/core/test_state_golden.py pins the bytes of a reference blob for every version
+this code reads:
 
 * 1: the first layout;
 * 2: identity streams in ``applied``, ``OutboxRecord.origin_stream``, ``BufferedEvent.copy_of``,
@@ -49,7 +51,7 @@ from typing import Literal
 import msgspec
 
 from keylane.cells import MemoryBlob, encoded_size
-from keylane.errors import Fatal
+from keylane.errors import Fatal, KeylaneError
 from keylane.records import InputRecord
 from keylane.wire import AgentEnvelope, TimerKind, decode
 
@@ -59,12 +61,24 @@ SETTLED_INTENTS_KEPT = 128
 IntentKind = Literal["tool", "approval"]
 
 
-class StateFromTheFuture(Fatal):
-    """A state blob written by a newer keylane. Fatal: roll the worker forward, do not guess."""
+class UnreadableState(Fatal):
+    """A stored state blob this keylane cannot read. Fatal for its key only: the key is
+    quarantined (service/keylane/core/quarantine.py) and its inputs are dead-lettered as
+    ``poison_state`` while every other key goes on."""
 
 
-class CorruptState(Fatal):
-    """A state blob that does not decode. Fatal: the key's history is needed to go on."""
+class StateFromTheFuture(UnreadableState):
+    """A state blob written by a newer keylane: roll the worker forward, do not guess."""
+
+
+class CorruptState(UnreadableState):
+    """A state blob that does not decode: the key's history is needed to go on."""
+
+
+class UnencodableState(KeylaneError):
+    """A next state whose blob would not decode again: a value of the wrong type reached it
+    (in memory, a snapshot or an output). Permanent: the input that produced it fails and
+    nothing is committed, so no key ever holds a blob it cannot read back."""
 
 
 class PendingIntent(msgspec.Struct, kw_only=True):
@@ -220,7 +234,7 @@ def seal(state: KeyState, limit: int) -> tuple[KeyState, bytes] | None:
     """
     blob = encode_state(state)
     if len(blob) <= limit:
-        return state, blob
+        return state, _readable(blob)
     cache = list(state.llm_cache)  # most recently used last
     excess = len(blob) - limit
     while cache:
@@ -229,8 +243,23 @@ def seal(state: KeyState, limit: int) -> tuple[KeyState, bytes] | None:
         blob = encode_state(msgspec.structs.replace(state, llm_cache=cache))
         excess = len(blob) - limit
         if excess <= 0:
-            return msgspec.structs.replace(state, llm_cache=cache), blob
+            return msgspec.structs.replace(state, llm_cache=cache), _readable(blob)
     return None
+
+
+def _readable(blob: bytes) -> bytes:
+    """``blob`` once it decodes as a KeyState again (UnencodableState if not).
+
+    The encoder writes whatever Python value a field holds; only the decoder checks types. A
+    blob committed unchecked could fail every later input of its key, on every worker."""
+    try:
+        _decoder.decode(blob)
+    except msgspec.ValidationError as exc:
+        raise UnencodableState(
+            f"the key's next state would not decode ({exc}): a value of the wrong type reached it; "
+            "nothing was committed"
+        ) from None
+    return blob
 
 
 def over_limit(state: KeyState, limit: int) -> str:

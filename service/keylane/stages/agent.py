@@ -102,6 +102,7 @@ class AgentProcessor:
         waiting_kinds: tuple[IntentKind, ...] = ("approval", "tool")
         for kind in waiting_kinds:  # read at each scrape: the index knows the suspended keys
             metrics.WAITING_KEYS.labels(kind).set_function(partial(self.timers.waiting, kind))
+        metrics.QUARANTINED_KEYS.set_function(lambda: len(runtime.quarantine))
         for counter in (metrics.REDELIVERIES, metrics.RECORDS_REROUTED, metrics.STREAMS_RESTARTED):
             metrics.zero(counter, self.logical_by_name.values())
         self._timers_topic = raw_topic(app, catalog.name(TIMERS))
@@ -157,8 +158,14 @@ class AgentProcessor:
             if not recovery_completed(self.app):
                 return
             self._rebuild_timers = False
-            self.timers.rebuild((key, decode_state(blob)) for key, blob in self.table.items())
-            log.info("timer index rebuilt: %s keys with timers", len(self.timers))
+            # A blob that does not read quarantines its key instead of failing the whole
+            # rebuild (which would fail it again on every worker the partition moves to).
+            self.timers.rebuild(self.runtime.quarantine.readable(self.table.items()))
+            log.info(
+                "timer index rebuilt: %s keys with timers, %s quarantined",
+                len(self.timers),
+                len(self.runtime.quarantine),
+            )
         # Confirmed like a lane job's records: a timer command Kafka refused crashes the worker
         # (service/keylane/kafka/delivery.py) rather than leave its key waiting for good.
         async with confirming(self.app):
