@@ -5,6 +5,7 @@ signed results, dead letters, and the order in which an answer reaches the produ
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from keylane.kafka.partitioner import expected_partition
 from keylane.records import ORIGIN_HEADER, Emit
 from keylane.signing import Keyring
 from keylane.stages.effector.claims import ClaimRecord, ClaimStore, Done
-from keylane.stages.effector.handler import LEASE_MARGIN_MS, Headers, IntentHandler
+from keylane.stages.effector.handler import EXPIRY_MARGIN_MS, LEASE_MARGIN_MS, Headers, IntentHandler
 from keylane.testing import ManualClock
 from keylane.wire import ErrorRecord, ToolIntent, ToolResult, decode, encode
 
@@ -344,6 +345,87 @@ async def test_an_expired_answer_is_final_even_for_an_effector_whose_clock_is_be
     first, again = rig.io.result_bytes()
     assert decode(first, ToolResult).status == "EXPIRED"
     assert again == first
+    assert rig.calls == []
+
+
+# --- expiry: a run must be over before the intent expires ----------------------------------
+
+
+def slow_registry(seconds: float, ran: list[float]) -> ToolRegistry:
+    """A "ship" tool with a 5 s timeout that takes ``seconds``; ``ran`` gets its start times."""
+    registry = ToolRegistry()
+
+    async def ship(args: dict[str, Any]) -> dict[str, Any]:
+        ran.append(time.monotonic())
+        await asyncio.sleep(seconds)
+        return {"shipped": True}
+
+    registry.register("ship", ship, side_effect=True, timeout_s=TOOL_TIMEOUT_S)
+    return registry
+
+
+@pytest.mark.parametrize("left_ms", [EXPIRY_MARGIN_MS, EXPIRY_MARGIN_MS - 1, 1])
+async def test_an_intent_too_close_to_its_expiry_for_a_run_is_expired_and_never_runs(left_ms: int) -> None:
+    rig = make_rig()
+    rig.clock.advance(TTL_MS - left_ms)  # left_ms before the intent's expiry
+
+    await rig.deliver(intent())
+    await rig.deliver(intent(), offset=1)
+
+    first, again = rig.io.results()
+    assert first.status == "EXPIRED" and again == first, "recorded Done: one answer"
+    assert first.error is not None and f"{left_ms} ms were left" in first.error
+    assert rig.calls == []
+
+
+async def test_a_run_gets_at_most_the_time_left_before_expiry_less_the_margin() -> None:
+    ran: list[float] = []
+    rig = make_rig(slow_registry(TOOL_TIMEOUT_S * 2, ran))
+    budget_ms = 300
+    rig.clock.advance(TTL_MS - EXPIRY_MARGIN_MS - budget_ms)
+
+    await rig.deliver(intent(tool="ship"))
+    took_s = time.monotonic() - ran[0]
+
+    [result] = rig.io.results()
+    assert result.status == "ERROR" and result.error is not None
+    assert "did not finish within the 0.300s left before the intent's expiry" in result.error
+    assert budget_ms / 1000 <= took_s < TOOL_TIMEOUT_S / 2, "cut at the budget, not the tool's 5 s"
+
+
+async def test_a_run_that_fits_before_the_expiry_answers_ok() -> None:
+    ran: list[float] = []
+    rig = make_rig(slow_registry(0.05, ran))
+    rig.clock.advance(TTL_MS - EXPIRY_MARGIN_MS - 1000)
+
+    await rig.deliver(intent(tool="ship"))
+
+    assert [r.status for r in rig.io.results()] == ["OK"] and len(ran) == 1
+
+
+async def test_the_tools_own_timeout_still_applies_when_it_is_shorter_than_the_time_left() -> None:
+    registry = ToolRegistry()
+
+    async def hang(args: dict[str, Any]) -> None:
+        await asyncio.sleep(10)
+
+    registry.register("hang", hang, side_effect=True, timeout_s=0.2)
+    rig = make_rig(registry)
+
+    await rig.deliver(intent(tool="hang"))
+
+    [result] = rig.io.results()
+    assert (result.status, result.error) == ("ERROR", "tool 'hang' timed out after 0.2s")
+
+
+async def test_an_in_doubt_rerun_too_close_to_its_expiry_is_expired_not_run() -> None:
+    rig = doubtful_rig(in_doubt="rerun")
+    rig.clock.advance(TTL_MS - EXPIRY_MARGIN_MS // 2)
+
+    await rig.deliver(intent())
+
+    [result] = rig.io.results()
+    assert result.status == "EXPIRED" and result.error is not None and "in doubt: " in result.error
     assert rig.calls == []
 
 

@@ -2,7 +2,8 @@
 
 * REJECTED — the tool never ran: unknown tool, a read-only tool, arguments that are not a
   JSON object (``check``);
-* ERROR — it ran and raised, timed out, or returned something JSON cannot carry;
+* ERROR — it ran and raised, timed out (its own timeout, or the time left before the
+  intent's expiry), or returned something JSON cannot carry;
 * OK — ``result_json`` is the compact JSON of its return value.
 
 A tool that takes an ``intent_id`` keyword gets the intent's id, the same on every attempt:
@@ -69,14 +70,24 @@ def timeout_of(spec: ToolSpec | None, default_timeout_s: float) -> float:
     return (spec.timeout_s if spec is not None else None) or default_timeout_s
 
 
-async def run(intent: ToolIntent, runnable: Runnable, *, default_timeout_s: float) -> ToolResult:
-    """Call the tool once with the intent id, bounded by its timeout."""
-    timeout_s = timeout_of(runnable.spec, default_timeout_s)
+async def run(
+    intent: ToolIntent, runnable: Runnable, *, default_timeout_s: float, budget_s: float | None = None
+) -> ToolResult:
+    """Call the tool once with the intent id, bounded by its timeout and by ``budget_s`` (the
+    time left before the intent's expiry, less a margin), whichever is shorter."""
+    tool_timeout_s = timeout_of(runnable.spec, default_timeout_s)
+    timeout_s = tool_timeout_s if budget_s is None else min(tool_timeout_s, budget_s)
     try:
         value = await asyncio.wait_for(
             runnable.spec.execute(runnable.args, in_thread=True, intent_id=intent.intent_id), timeout_s
         )
     except TimeoutError:
+        if timeout_s < tool_timeout_s:
+            error = (
+                f"tool {intent.tool!r} did not finish within the {timeout_s:.3f}s left before the "
+                "intent's expiry; it may still take effect"
+            )
+            return result_of(intent, "ERROR", error=error)
         return result_of(intent, "ERROR", error=f"tool {intent.tool!r} timed out after {timeout_s}s")
     except Exception as exc:  # noqa: BLE001 - a failing tool is a result, not an effector crash
         return result_of(intent, "ERROR", error=f"{type(exc).__name__}: {exc}")

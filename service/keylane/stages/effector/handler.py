@@ -18,7 +18,8 @@ Per record, in order (the job its partition's lane runs; see service.py for the 
    cannot run answers REJECTED; InDoubt is settled by the tool's ``reconcile`` hook or its
    ``in_doubt`` policy (service/keylane/authoring/tools.py);
 5. flush the producer, so the claim is durable before the side effect; refuse the intent
-   (EXPIRED) if it expired meanwhile; run the tool, with the intent id, within its timeout;
+   (EXPIRED) if a run could not finish before its expiry (below); run the tool, with the
+   intent id, within min(its timeout, the time left before expiry less the margin);
 6. sign the ToolResult (when the keyring has a signing key), record it as Done, flush the
    producer (so Kafka has the Done record), and only then hand the result to the producer,
    keyed by the intent's physical key. A Done found in the local store is written and
@@ -31,6 +32,17 @@ Per record, in order (the job its partition's lane runs; see service.py for the 
    ERROR naming its size instead: the Done record could not be written, and an effector
    that cannot record Done restarts into an in-doubt claim and, for an
    ``in_doubt="rerun"`` tool, runs it again on every restart.
+
+**Expiry: a result reaches the agent only from a run that finished in time.** The worker
+refuses (``orphaned_result``, ``intent_expired``) a result it reads at or after the intent's
+``expires_at_ms``, and fails the key closed; a run that straddled the expiry would have taken
+effect while the agent is told it did not. So a run gets ``expires_at_ms - now -
+expiry_margin_ms`` at most (``EXPIRY_MARGIN_MS``: recording Done, publishing, and the worker
+reading the result): when that is not positive the intent is answered EXPIRED and never
+runs; a tool still running when it is over is answered ERROR (it may still take effect, as
+after its own timeout). Every OK or ERROR from a run is thus recorded and published at least
+the margin before the expiry. An in-doubt intent without a reconcile hook is refused as
+EXPIRED under the same rule.
 
 Only when ``handle`` returns is the record acked; the effector's offset commit flushes the
 producer first, so an offset is committed only after its Done record and its result (or
@@ -69,6 +81,9 @@ LEASE_MARGIN_MS = 30_000
 """Added to the longest attempt to make a lease: covers recording Done, and clock skew."""
 GRACE_MARGIN_S = 5.0
 """Added to the longest attempt to make the revocation grace: recording Done and publishing."""
+EXPIRY_MARGIN_MS = 5_000
+"""Kept free before an intent's expiry by every run: the result must still be recorded,
+published and read by the worker before the intent expires (module docstring)."""
 WAIT_STEP_S = 1.0
 """An InFlight wait re-checks for a revocation this often."""
 
@@ -133,8 +148,11 @@ class IntentHandler:
         intent_signatures: Mode = "off",
         revoking: Callable[[], bool] = _never,
         result_limit: int | None = None,
+        expiry_margin_ms: int = EXPIRY_MARGIN_MS,
     ) -> None:
         self.registry = registry
+        self.expiry_margin_ms = expiry_margin_ms
+        """How long before its expiry a run must be over (module docstring)."""
         self.result_limit = result_limit
         """The most bytes one encoded, signed result may take (None: no limit)."""
         self.claims = claims
@@ -219,11 +237,26 @@ class IntentHandler:
                 await self._finish(intent, settled)
                 return
         await self.io.flush()  # the claim is durable before the side effect happens
-        if intent.expires_at_ms <= self.clock():
-            await self._finish(intent, result_of(intent, "EXPIRED", error="intent expired before execution"))
+        budget_ms = self._budget_ms(intent)
+        if budget_ms <= 0:
+            await self._finish(intent, result_of(intent, "EXPIRED", error=self._too_late(intent)))
             return
         metrics.EFFECTOR_EXECUTIONS.inc()
-        await self._finish(intent, await run(intent, runnable, default_timeout_s=self.tool_timeout_s))
+        result = await run(intent, runnable, default_timeout_s=self.tool_timeout_s, budget_s=budget_ms / 1000)
+        await self._finish(intent, result)
+
+    def _budget_ms(self, intent: ToolIntent) -> int:
+        """How long a run may take and still be over ``expiry_margin_ms`` before the expiry."""
+        return intent.expires_at_ms - self.expiry_margin_ms - self.clock()
+
+    def _too_late(self, intent: ToolIntent) -> str:
+        left_ms = intent.expires_at_ms - self.clock()
+        if left_ms <= 0:
+            return "intent expired before execution"
+        return (
+            f"intent expired before execution: {left_ms} ms were left, and a run must be over "
+            f"{self.expiry_margin_ms} ms before the intent's expiry"
+        )
 
     async def _wait_out(self, intent: ToolIntent, held: InFlight) -> None:
         """Sleep until the holder's lease is over, or a revocation begins."""
@@ -241,13 +274,13 @@ class IntentHandler:
         not happen, or the tool's policy is "rerun"; an expired intent is then refused by the
         caller). Without a hook an expired intent is EXPIRED, never run."""
         earlier = f"an attempt claimed at {doubt.claimed_at_ms} ms ended without recording an outcome"
-        if spec.reconcile is None and intent.expires_at_ms <= self.clock():
+        if spec.reconcile is None and self._budget_ms(intent) <= 0:
             # Too late to run it, whatever the policy; only a hook could tell whether it happened.
             metrics.EFFECTOR_IN_DOUBT.labels("expired").inc()
             log.warning(
                 "intent %s is in doubt (%s) and expired: answering EXPIRED", intent.intent_id, earlier
             )
-            error = f"intent expired before execution; in doubt: {earlier} and may have taken effect"
+            error = f"{self._too_late(intent)}; in doubt: {earlier} and may have taken effect"
             return result_of(intent, "EXPIRED", error=error)
         if spec.reconcile is not None:
             timeout_s = timeout_of(spec, self.tool_timeout_s)
