@@ -39,6 +39,7 @@ ErrorReason = Literal[
     "record_too_large",
     "processing_failed",
     "poison_state",
+    "forged_origin",
 ]
 """Why a record is on agent.errors (``ErrorRecord.reason``; docs/runtime.md lists when each is written)."""
 

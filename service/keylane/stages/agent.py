@@ -7,12 +7,15 @@ Per input record, in order (the job a lane runs):
    its key's state and continuation live there. The copy carries the original's position
    (``keylane.origin``), so however often a crash makes this step repeat, the key applies
    the record once;
-2. ``KeyRuntime.handle`` decides, reading the key's state from the table;
-3. the new state, if any, is written as one table value (one changelog record);
-4. every emitted record is handed to the producer, with its deterministic id in the
+2. a record claiming to be a copy (``keylane.origin``) is checked against the original it
+   names (service/keylane/kafka/origin_check.py); a false claim is dead-lettered as
+   ``forged_origin``, never taken as a redelivery or as another record's identity;
+3. ``KeyRuntime.handle`` decides, reading the key's state from the table;
+4. the new state, if any, is written as one table value (one changelog record);
+5. every emitted record is handed to the producer, with its deterministic id in the
    ``keylane.id`` header; one too large for its topic is replaced by its dead letter
    (``Publisher``, service/keylane/kafka/publish.py);
-5. the job waits until Kafka confirmed the changelog record and every emit
+6. the job waits until Kafka confirmed the changelog record and every emit
    (service/keylane/kafka/delivery.py), and only then is the record acked, so its offset is
    never committed before what it produced is in Kafka. A record Kafka refused crashes the
    worker instead, with the input's offset uncommitted.
@@ -28,6 +31,7 @@ rebalances too.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -43,9 +47,10 @@ from keylane.kafka.app import App, log_end, on_rebalance_complete, on_shutdown, 
 from keylane.kafka.delivery import RecordTooLarge, confirming, track_changelog
 from keylane.kafka.lane_feed import lane_agent
 from keylane.kafka.offset_guard import guard_offsets
+from keylane.kafka.origin_check import origin_check_for
 from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.publish import RAW, Publisher, raw_topic
-from keylane.records import ORIGIN_HEADER, InputRecord, error_emit, origin_header
+from keylane.records import ORIGIN_HEADER, Emit, InputRecord, error_emit, origin_header
 from keylane.wire import encode
 
 log = logging.getLogger(__name__)
@@ -90,6 +95,7 @@ class AgentProcessor:
         )
         track_changelog(self.table)  # a state write counts as produced only once Kafka has it
         self.publisher = Publisher(app, catalog, runtime)
+        self.origins = origin_check_for(app)
         lane_agent(
             app,
             self.inputs,
@@ -123,7 +129,7 @@ class AgentProcessor:
             )
 
     async def process(self, event: Any) -> None:
-        """Steps 1-5 of the module docstring for one Faust event: returns once Kafka
+        """Steps 1-6 of the module docstring for one Faust event: returns once Kafka
         confirmed everything it produced."""
         async with confirming(self.app):
             await self._process(event)
@@ -138,6 +144,11 @@ class AgentProcessor:
                 await self.publisher.refuse(refused)
             return
         record = InputRecord.of(self.logical_by_name[message.topic], message, log_end=self._log_end(message))
+        if record.origin is not None:
+            forged = await self.origins.forged(record.origin, key=key, value=message.value)
+            if forged is not None:
+                await self.publisher.publish(self._forged(record, forged))
+                return
         decision = await self.runtime.handle(record, self._state_of)
         for emit in apply_decision(self.table, self.timers, key, decision):
             await self.publisher.publish(emit)
@@ -145,6 +156,7 @@ class AgentProcessor:
     async def _stop_lanes(self) -> None:
         await self.lanes.stop()
         await self.offsets.close()
+        await self.origins.close()
         close_provider = getattr(self.runtime.provider, "aclose", None)
         if close_provider is not None:
             await close_provider()  # pooled HTTP connections of a real provider
@@ -181,6 +193,19 @@ class AgentProcessor:
                     self.timers.resend(due.key, due.kind, due.timer)
                     continue
                 metrics.TIMERS_SENT.labels(due.kind).inc()
+
+    def _forged(self, record: InputRecord, why: str) -> Emit:
+        """The dead letter of a record whose ``keylane.origin`` is false: under its own
+        position, since the identity it claims is not its own."""
+        topic, partition, offset = record.origin or ("", 0, 0)
+        detail = (
+            f"keylane.origin {topic}/{partition}/{offset} is forged: {why}; the record was not run "
+            "(produce it again without the keylane.origin header if it is a real input)"
+        )
+        key = record.key.decode(errors="replace") if record.key is not None else None
+        return error_emit(
+            replace(record, origin=None), "forged_origin", detail, now_ms=self.runtime.clock(), entity_key=key
+        )
 
     def _state_of(self, key: bytes) -> KeyState:
         return decode_state(self.table.get(key))
