@@ -24,6 +24,16 @@ offset when the log has records from there on and none arrived for STALL_REREAD_
 while the partition was neither paused nor rebalancing; it logs and counts each re-read
 (``keylane_stall_rereads_total``), since each one means a record went missing on the way.
 
+Both checks read the log with a probe: a group-less consumer of the guard's own, started on
+first use and kept only once its start succeeded. It reads from the expected offset with
+``auto_offset_reset="earliest"``, so when retention deleted records the ledger still expects,
+it finds the first record the log has left. Nothing can be read before the record it finds
+(transaction markers, compaction, retention), so the ledger skips to it and reading goes on
+from there. A probe that cannot read (the broker unreachable) is stopped and forgotten, and
+never raises out of a check: a gap counts as unresolved (its record is dropped and read again
+from the expected offset, and the gap is checked again when it comes back), and a stalled
+partition is checked again STALL_REREAD_AFTER_S later.
+
 The guard also exports the consumer lag of the partitions it governs
 (service/keylane/kafka/consumer_lag.py): it knows each assignment's committed offsets, sees
 each commit, and forgets a partition when it is revoked.
@@ -221,21 +231,40 @@ class OffsetGuard:
 
     async def resolve_gap(self, tp: tuple[str, int], offset: int) -> bool:
         """A record arrived ahead of the expected offset. Returns True when the log really has
-        nothing in between (the gap is skipped and the record may be processed); otherwise
-        the consumer is sought back to the expected offset and the record must be dropped."""
+        nothing in between (the gap is skipped and the record may be processed); otherwise the
+        record must be dropped, and the consumer is sought back to the first record the log has
+        from the expected offset on (the expected offset itself, unless nothing is readable
+        there: see the module docstring). A log the probe cannot read now counts as a gap not
+        resolved: the consumer is sought back to the expected offset, and the gap is checked
+        again when its records come back."""
         expected = self.ledger.expected(tp)
         if expected is None:
             return False
         sought = self._sought.get(tp)
         if sought is not None and sought[0] == expected and time.monotonic() - sought[1] < RESEEK_AFTER_S:
             return False  # already re-reading from there; this is a record fetched before the seek
-        first = await self._first_offset_from(tp, expected)
-        if first is not None and first >= offset:
-            self.ledger.skip_to(tp, offset)
-            return True
-        log.warning(
-            "%s/%s: offset %s arrived while %s was expected; re-reading from there", *tp, offset, expected
-        )
+        try:
+            first = await self._first_offset_from(tp, expected)
+        except Exception:  # the broker unreachable: never skip what could not be checked
+            log.warning(
+                "%s/%s: offset %s arrived while %s was expected, and the log could not be read to "
+                "check the gap; re-reading from %s",
+                *tp,
+                offset,
+                expected,
+                expected,
+                exc_info=True,
+            )
+        else:
+            if first is not None and first >= offset:
+                self.ledger.skip_to(tp, offset)
+                return True
+            if first is not None and first > expected:
+                self.ledger.skip_to(tp, first)  # nothing readable before it (retention deleted it)
+                expected = first
+            log.warning(
+                "%s/%s: offset %s arrived while %s was expected; re-reading from there", *tp, offset, expected
+            )
         self._sought[tp] = (expected, time.monotonic())
         await self._seek(tp, expected)
         return False
@@ -243,8 +272,10 @@ class OffsetGuard:
     async def reread_stalled(self) -> None:
         """Read again, from the ledger's expected offset, each partition whose log has records
         from there on while none of them arrived for STALL_REREAD_AFTER_S (see the module
-        docstring). Partitions paused by their lane window, and everything during a rebalance
-        or a restore, are left alone: nothing is fetched there then by design."""
+        docstring): from the first record the log still has, when retention deleted the ones
+        expected. Partitions paused by their lane window, and everything during a rebalance
+        or a restore, are left alone: nothing is fetched there then by design. A partition
+        whose log cannot be read now is checked again STALL_REREAD_AFTER_S later."""
         app = self.app
         if app.rebalancing or not recovery_completed(app) or not app.consumer.flow_active:
             self._quiet.clear()
@@ -263,8 +294,23 @@ class OffsetGuard:
             if now - quiet[1] < STALL_REREAD_AFTER_S:
                 continue
             self._quiet[tp] = (expected, now)
-            if await self._first_offset_from(tp, expected) is None:
+            try:
+                first = await self._first_offset_from(tp, expected)
+            except Exception:  # the broker unreachable: the quiet clock restarted, so try again later
+                log.warning(
+                    "%s/%s: no record from offset %s arrived for %.0fs, and the log could not be read "
+                    "to check it; checking again in %.0fs",
+                    *tp,
+                    expected,
+                    now - quiet[1],
+                    STALL_REREAD_AFTER_S,
+                    exc_info=True,
+                )
+                continue
+            if first is None:
                 continue  # nothing readable there (transaction markers): nothing was missed
+            if first > expected:
+                self.ledger.skip_to(tp, first)  # nothing readable before it (retention deleted it)
             log.warning(
                 "%s/%s: no record from offset %s arrived for %.0fs while the log ends at %s; "
                 "re-reading from there",
@@ -274,33 +320,52 @@ class OffsetGuard:
                 end,
             )
             metrics.STALL_REREADS.labels(tp[0]).inc()
-            await self._seek(tp, expected)
+            await self._seek(tp, first)
 
     async def _first_offset_from(self, tp: tuple[str, int], offset: int) -> int | None:
-        """The offset of the first record at or after ``offset`` in the log (a separate, group-less
-        consumer reads it), or None when none arrives in time."""
+        """The offset of the first record at or after ``offset`` in the log, or of the first record
+        the log has when retention deleted ``offset`` (a separate, group-less consumer reads it);
+        None when none arrives in time. Raises when the probe cannot read (the broker
+        unreachable): that probe is stopped and forgotten, and the next call starts another."""
         async with self._probe_lock:
-            return await self._probe_first(tp, offset)
+            probe = self._probe if self._probe is not None else await self._start_probe()
+            try:
+                return await self._probe_first(probe, tp, offset)
+            except Exception:
+                self._probe = None
+                await probe.stop()
+                raise
 
-    async def _probe_first(self, tp: tuple[str, int], offset: int) -> int | None:
-        if self._probe is None:
-            conf = self.app.conf
-            self._probe = AIOKafkaConsumer(
-                bootstrap_servers=[f"{url.host}:{url.port or 9092}" for url in conf.broker],
-                enable_auto_commit=False,
-                isolation_level=(
-                    "read_committed"
-                    if str(conf.processing_guarantee) == "exactly_once"
-                    else "read_uncommitted"
-                ),
-            )
-            await self._probe.start()
+    async def _start_probe(self) -> AIOKafkaConsumer:
+        """A started probe consumer, kept as ``self._probe`` only once its start succeeded: a
+        consumer whose start failed is stopped (it may hold connections) and never reused."""
+        conf = self.app.conf
+        probe = AIOKafkaConsumer(
+            bootstrap_servers=[f"{url.host}:{url.port or 9092}" for url in conf.broker],
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",  # past retention: the first record that still exists
+            isolation_level=(
+                "read_committed" if str(conf.processing_guarantee) == "exactly_once" else "read_uncommitted"
+            ),
+        )
+        try:
+            await probe.start()
+        except BaseException:
+            await probe.stop()
+            raise
+        self._probe = probe
+        return probe
+
+    @staticmethod
+    async def _probe_first(probe: AIOKafkaConsumer, tp: tuple[str, int], offset: int) -> int | None:
         partition = TopicPartition(*tp)
-        self._probe.assign([partition])
-        self._probe.seek(partition, offset)
-        batches = await self._probe.getmany(partition, timeout_ms=PROBE_TIMEOUT_MS, max_records=1)
+        probe.assign([partition])
+        probe.seek(partition, offset)
+        batches = await probe.getmany(partition, timeout_ms=PROBE_TIMEOUT_MS, max_records=1)
         records = batches.get(partition, [])
-        return records[0].offset if records else None
+        if not records or records[0].offset < offset:
+            return None  # past the log end, reset to its start: the log was truncated below offset
+        return int(records[0].offset)
 
     async def close(self) -> None:
         if self._probe is not None:
