@@ -83,15 +83,15 @@ async def test_a_done_found_locally_is_rewritten_before_it_is_republished(
 
     restarted = KeylaneProcess(args, {**env, **volume}, tmp_path / "restarted.log", module=probe)
     with running(restarted):  # same volume: Done is found locally and republished
-        [republished] = await answers(settings, catalog, intent.intent_id, 1)
+        republished = (await answers(settings, catalog, intent.intent_id, 1))[0]
         assert tool_runs(ledger) == 1, "found Done locally: not run again"
 
     fresh = {"KEYLANE_DATA_DIR": str(tmp_path / "fresh")}
     owner = KeylaneProcess(args, {**env, **fresh}, tmp_path / "owner.log", module=probe)
     with running(owner):  # the partition's next owner restores the claim table from the changelog
         await produce(settings, catalog.name(INTENTS), [record])  # a copy of the intent
-        _, again = await answers(settings, catalog, intent.intent_id, 2)
+        every = await answers(settings, catalog, intent.intent_id, 2)
 
     assert tool_runs(ledger) == 1, "the tool's ledger holds one run"
-    assert again == republished, "the copy got the recorded answer, byte for byte"
-    assert decode(again, ToolResult).status == "OK"
+    assert set(every) == {republished}, "the copy got the recorded answer, byte for byte"
+    assert decode(republished, ToolResult).status == "OK"

@@ -19,7 +19,14 @@ from keylane.kafka.partitioner import expected_partition
 from keylane.records import ORIGIN_HEADER, Emit
 from keylane.signing import Keyring
 from keylane.stages.effector.claims import ClaimRecord, ClaimStore, Done
-from keylane.stages.effector.handler import EXPIRY_MARGIN_MS, LEASE_MARGIN_MS, Headers, IntentHandler
+from keylane.stages.effector.handler import (
+    EXPIRY_MARGIN_MS,
+    LEASE_MARGIN_MS,
+    UNKNOWN_TOOL_WAIT_S,
+    Abandoned,
+    Headers,
+    IntentHandler,
+)
 from keylane.testing import ManualClock
 from keylane.wire import ErrorRecord, ToolIntent, ToolResult, decode, encode
 
@@ -613,16 +620,62 @@ async def test_a_done_found_locally_is_written_and_flushed_again_before_it_is_re
     assert msgspec.msgpack.decode(rig.table[b"i-1"], type=ClaimRecord).result == first
 
 
-async def test_a_rejected_intent_is_answered_once_and_never_claimed_for_running() -> None:
+async def test_an_unknown_tool_is_held_then_rejected_once_and_every_copy_gets_that_answer() -> None:
     rig = make_rig()
+    unknown = intent(tool="no_such_tool", ttl_ms=TTL_MS * 10)
 
-    await rig.deliver(intent(tool="no_such_tool"))
-    await rig.deliver(intent(tool="no_such_tool"), offset=1)
+    await rig.deliver(unknown)
+    held_ms = rig.clock() - START_MS
+    await rig.deliver(unknown, offset=1)  # a copy at the same old effector
 
     first, again = rig.io.result_bytes()
     assert decode(first, ToolResult).status == "REJECTED"
-    assert again == first
+    assert again == first, "one answer per intent id, byte for byte"
+    assert held_ms == UNKNOWN_TOOL_WAIT_S * 1000, "held for a newer effector first"
+    assert rig.clock() - START_MS == held_ms, "the copy is answered from Done, not held again"
     assert rig.log[:4] == ["write claimed", "write done", "flush", "publish agent.results"], "no run"
+
+
+async def test_an_unknown_tool_is_held_no_longer_than_its_intent_can_still_run() -> None:
+    rig = make_rig()
+    rig.clock.advance(TTL_MS - EXPIRY_MARGIN_MS - 2_000)
+
+    await rig.deliver(intent(tool="no_such_tool"))
+
+    assert rig.clock() == START_MS + TTL_MS - EXPIRY_MARGIN_MS
+    assert [r.status for r in rig.io.results()] == ["REJECTED"]
+
+
+async def test_an_unknown_tool_held_through_a_revocation_is_left_for_an_effector_that_knows_it() -> None:
+    old = make_rig(ToolRegistry())  # an effector from before the tool was added
+    revoking = False
+
+    async def deploy_replaces_it(seconds: float) -> None:
+        nonlocal revoking
+        old.clock.advance(int(seconds * 1000))
+        revoking = old.clock() - START_MS >= 10_000  # the rolling deploy stops it 10 s in
+
+    old.handler.sleep = deploy_replaces_it
+    old.handler.revoking = lambda: revoking
+    with pytest.raises(Abandoned):
+        await old.deliver(intent())
+    assert old.io.published == [] and dict(old.table) == {}, "nothing answered, nothing claimed"
+
+    new = make_rig()  # the partition's next owner restores the same (empty) claims
+    new.table.update(old.table)
+    await new.deliver(intent())
+
+    assert [r.status for r in new.io.results()] == ["OK"] and len(new.calls) == 1
+
+
+@pytest.mark.parametrize("args_json", ["{not json", "[1]"])
+async def test_arguments_no_tool_could_take_are_rejected_at_once(args_json: str) -> None:
+    rig = make_rig()
+
+    await rig.deliver(msgspec.structs.replace(intent(), args_json=args_json))
+
+    [result] = rig.io.results()
+    assert result.status == "REJECTED" and rig.clock() == START_MS and rig.calls == []
 
 
 async def test_handle_returns_only_after_the_result_is_handed_to_the_producer() -> None:

@@ -101,6 +101,13 @@ class ClaimStore:
         )
         return Claimed() if record is None else InDoubt(record.claimed_at_ms)
 
+    def answered(self, intent_id: str) -> bool:
+        """Whether the intent has its one answer (Done); reads only, writes nothing."""
+        raw = self._table.get(intent_id.encode())
+        if not raw:
+            return False
+        return _decoder.decode(raw).state == "done"
+
     def complete(self, intent_id: str, result: bytes, *, now_ms: int) -> None:
         """Record the intent's one answer; every later ``claim`` returns it as ``Done``."""
         self._table[intent_id.encode()] = _encoder.encode(

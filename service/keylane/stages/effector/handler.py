@@ -12,11 +12,13 @@ Per record, in order (the job its partition's lane runs; see service.py for the 
    partitions, and its result (keyed by entity_key) would answer another key's lane;
 3. under ``KEYLANE_INTENT_SIGNATURES=require`` an unsigned or badly signed intent becomes
    ``unsigned_intent`` on agent.errors and its tool never runs;
-4. claim it (claims.py), in this order: Done republishes the stored result (even after
-   the intent's expiry), after writing it again and flushing (step 6); InFlight waits for
-   the holder's lease, then claims again; Expired answers EXPIRED; an intent the registry
-   cannot run answers REJECTED; InDoubt is settled by the tool's ``reconcile`` hook or its
-   ``in_doubt`` policy (service/keylane/authoring/tools.py);
+4. an intent for a tool this registry does not know, and not answered yet, is held first
+   (below: a newer effector may know it); then claim it (claims.py), in this order: Done
+   republishes the stored result (even after the intent's expiry), after writing it again
+   and flushing (step 6); InFlight waits for the holder's lease, then claims again; Expired
+   answers EXPIRED; an intent the registry cannot run answers REJECTED; InDoubt is settled
+   by the tool's ``reconcile`` hook or its ``in_doubt`` policy
+   (service/keylane/authoring/tools.py);
 5. flush the producer, so the claim is durable before the side effect; refuse the intent
    (EXPIRED) if a run could not finish before its expiry (below); run the tool, with the
    intent id, within min(its timeout, the time left before expiry less the margin);
@@ -43,6 +45,21 @@ runs; a tool still running when it is over is answered ERROR (it may still take 
 after its own timeout). Every OK or ERROR from a run is thus recorded and published at least
 the margin before the expiry. An in-doubt intent without a reconcile hook is refused as
 EXPIRED under the same rule.
+
+**An unknown tool is held, then REJECTED for good.** During a rolling deploy a new worker's
+intent can reach an old effector whose registry lacks its tool. A REJECTED answer cannot be
+taken back: results of a key arrive in order, so the agent reads the REJECTED first and
+settles the intent, and a newer effector that ran the tool later would take effect behind
+an answer that says nothing ran. So the old effector does not answer at once: it holds the
+intent up to ``unknown_tool_wait_s`` (capped by the intent's expiry less the margin),
+writing nothing, re-checking for a revocation every second. A revocation (the deploy
+replacing it) abandons the record, uncommitted, to the partition's next owner, which runs
+the tool if its registry has it. Only an effector that held it the whole time answers
+REJECTED, recorded Done like every answer, so every copy of the intent gets those same
+bytes. The price: the held intent's partition waits meanwhile, so an agent asking for a
+tool nobody registered delays its partition by the hold for each such intent. Other
+REJECTED causes (a read-only tool, arguments that are not a JSON object) are answered at
+once.
 
 Only when ``handle`` returns is the record acked; the effector's offset commit flushes the
 producer first, so an offset is committed only after its Done record and its result (or
@@ -84,6 +101,9 @@ GRACE_MARGIN_S = 5.0
 EXPIRY_MARGIN_MS = 5_000
 """Kept free before an intent's expiry by every run: the result must still be recorded,
 published and read by the worker before the intent expires (module docstring)."""
+UNKNOWN_TOOL_WAIT_S = 60.0
+"""How long an intent for a tool the registry lacks is held for a newer effector (a rolling
+deploy's revocation) before it is answered REJECTED (module docstring)."""
 WAIT_STEP_S = 1.0
 """An InFlight wait re-checks for a revocation this often."""
 
@@ -149,8 +169,11 @@ class IntentHandler:
         revoking: Callable[[], bool] = _never,
         result_limit: int | None = None,
         expiry_margin_ms: int = EXPIRY_MARGIN_MS,
+        unknown_tool_wait_s: float = UNKNOWN_TOOL_WAIT_S,
     ) -> None:
         self.registry = registry
+        self.unknown_tool_wait_s = unknown_tool_wait_s
+        """How long an intent for an unknown tool is held before REJECTED (module docstring)."""
         self.expiry_margin_ms = expiry_margin_ms
         """How long before its expiry a run must be over (module docstring)."""
         self.result_limit = result_limit
@@ -209,6 +232,8 @@ class IntentHandler:
         runnable = check(intent, self.registry)
         spec = runnable.spec if isinstance(runnable, Runnable) else None
         lease_ms = int(attempt_s(spec, self.tool_timeout_s) * 1000) + LEASE_MARGIN_MS
+        if self.registry.find(intent.tool) is None and not self.claims.answered(intent.intent_id):
+            await self._hold_unknown(intent)
         while True:
             if self.revoking():
                 raise Abandoned(f"intent {intent.intent_id}: partitions are being revoked")
@@ -257,6 +282,29 @@ class IntentHandler:
             f"intent expired before execution: {left_ms} ms were left, and a run must be over "
             f"{self.expiry_margin_ms} ms before the intent's expiry"
         )
+
+    async def _hold_unknown(self, intent: ToolIntent) -> None:
+        """Hold an intent whose tool this registry lacks, for a newer effector to take over
+        (module docstring); raise Abandoned once a revocation begins."""
+        until_ms = min(
+            self.clock() + int(self.unknown_tool_wait_s * 1000), intent.expires_at_ms - self.expiry_margin_ms
+        )
+        if until_ms > self.clock():
+            log.warning(
+                "intent %s asks for tool %r, which this effector does not know: holding it up to "
+                "%.0fs for an effector that does (a rolling deploy), then answering REJECTED",
+                intent.intent_id,
+                intent.tool,
+                (until_ms - self.clock()) / 1000,
+            )
+        while True:
+            if self.revoking():
+                log.info("intent %s (unknown tool %r) left to the next owner", intent.intent_id, intent.tool)
+                raise Abandoned(f"intent {intent.intent_id}: tool {intent.tool!r} left to the next owner")
+            remaining_s = (until_ms - self.clock()) / 1000
+            if remaining_s <= 0:
+                return
+            await self.sleep(min(WAIT_STEP_S, remaining_s))
 
     async def _wait_out(self, intent: ToolIntent, held: InFlight) -> None:
         """Sleep until the holder's lease is over, or a revocation begins."""

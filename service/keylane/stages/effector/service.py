@@ -25,6 +25,7 @@ rule: an effector rebalance may take up to the longest tool timeout while a tool
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -43,6 +44,7 @@ from keylane.signing import Keyring, Mode
 from keylane.stages.effector.claims import ClaimStore
 from keylane.stages.effector.handler import (
     RESULT_RECORD_MARGIN_BYTES,
+    UNKNOWN_TOOL_WAIT_S,
     EffectorIO,
     Headers,
     IntentHandler,
@@ -116,11 +118,13 @@ class Effector:
         clock: Clock = wall_clock_ms,
         keyring: Keyring | None = None,
         intent_signatures: Mode = "off",
+        unknown_tool_wait_s: float = UNKNOWN_TOOL_WAIT_S,
     ) -> None:
         self.app = app
         self.catalog = catalog
         self.registry = registry
         self.lanes = EffectorLanes()
+        self._stopping: asyncio.Future[int] | None = None
         self.publisher = Publisher(app, catalog)
         source = raw_topic(app, catalog.name(INTENTS))
         self.table = app.Table(
@@ -141,9 +145,10 @@ class Effector:
             clock=clock,
             keyring=keyring,
             intent_signatures=intent_signatures,
-            revoking=lambda: self.lanes.revoking,
+            revoking=self._revoking,
             result_limit=min(changelog_record_limit(app, catalog), catalog[RESULTS].max_message_bytes)
             - RESULT_RECORD_MARGIN_BYTES,
+            unknown_tool_wait_s=unknown_tool_wait_s,
         )
         self.offsets = guard_offsets(app, [catalog.name(INTENTS)])
         metrics.zero(metrics.RECORDS_REROUTED, [INTENTS])
@@ -169,6 +174,16 @@ class Effector:
             on_poison=self._dead_letter,
         )
         on_shutdown(app, self._stop_lanes)
+
+    def _revoking(self) -> bool:
+        """Whether a revocation is under way, a stop counting as one: Faust's stop waits for
+        every record in progress before it revokes anything, so once the app is stopping
+        the first check starts revoking the lanes itself. A held record (an unknown tool,
+        handler.py) or one waiting on a lease is then left, uncommitted, to the next owner,
+        and running attempts get the revocation grace, as in a rebalance."""
+        if self.app.should_stop and not self.lanes.revoking and self._stopping is None:
+            self._stopping = asyncio.ensure_future(self.lanes.revoke(self.grace_s))
+        return self.lanes.revoking
 
     async def _dead_letter(self, event: Any, exc: Exception) -> None:
         """An intent whose handling kept raising: a dead letter replaces it, the partition
