@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections import OrderedDict
 from typing import Any, NamedTuple
 
@@ -34,6 +35,9 @@ from keylane.wire import AgentEnvelope, MalformedRecord, decode, encode
 log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_MS = 2_000
+FETCH_DEADLINE_S = 60.0
+"""How long an original that the log holds may take to come back before the check gives up
+(OriginUnchecked: the record's processing fails and is retried)."""
 FETCH_RECORDS = 500
 """Records read (and remembered) per fetch: the originals of the next copies, usually."""
 REMEMBERED = 50_000
@@ -113,21 +117,38 @@ class OriginCheck:
             return known
 
     async def _fetch_from(self, origin: Position) -> None:
+        """Read the records from ``origin`` on into ``_seen``. A fetch that brings nothing is
+        tried again until FETCH_DEADLINE_S unless the log ends at or before the offset: a
+        busy broker's empty answer says nothing about whether the record exists."""
         topic, partition, offset = origin
         tp = TopicPartition(topic, partition)
+        deadline = time.monotonic() + FETCH_DEADLINE_S
         try:
             consumer = await self._started()
             consumer.assign([tp])
             consumer.seek(tp, offset)
-            batches = await consumer.getmany(tp, timeout_ms=FETCH_TIMEOUT_MS, max_records=FETCH_RECORDS)
-        except OffsetOutOfRangeError:
-            return  # before the log's start (retention took it) or past its end: no such record
+            while True:
+                try:
+                    batches = await consumer.getmany(
+                        tp, timeout_ms=FETCH_TIMEOUT_MS, max_records=FETCH_RECORDS
+                    )
+                except OffsetOutOfRangeError:
+                    batches = {}
+                if batches.get(tp):
+                    break
+                start = (await consumer.beginning_offsets([tp]))[tp]
+                end = (await consumer.end_offsets([tp]))[tp]
+                if not start <= offset < end:
+                    return  # before the log's start (retention took it) or past its end: no such record
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no record came back within {FETCH_DEADLINE_S:.0f}s")
+                consumer.seek(tp, offset)
         except Exception as exc:
             await self.close()  # start over with a fresh consumer next time
             raise OriginUnchecked(
                 f"could not read {topic}/{partition}/{offset} to check a copy: {exc!r}"
             ) from exc
-        for record in batches.get(tp, []):
+        for record in batches[tp]:
             event_digest = _event_digest(record.value) if record.key is not None else None
             self._seen[(topic, partition, record.offset)] = _Original(
                 record.key, _digest(record.value), event_digest
