@@ -135,6 +135,11 @@ UNSIGNED = Counter(
 TIMERS_FIRED = Counter("keylane_timers_fired", "Due timer fires applied by a key's lane.", ["kind"])
 TIMERS_IGNORED = Counter("keylane_timers_ignored", "Timer fires ignored as stale, early or duplicate.")
 TIMERS_SENT = Counter("keylane_timers_sent", "Timer-fired commands sent by the scan.", ["kind"])
+STALE_STATE_WRITES = Counter(
+    "keylane_stale_state_writes",
+    "State changelog records a restore skipped: written by a former owner of the partition "
+    "(a paused or revoked worker) after its successor's.",
+)
 QUARANTINED_KEYS = Gauge(
     "keylane_quarantined_keys",
     "Keys of this worker's partitions whose stored state does not read (a newer keylane's "

@@ -79,9 +79,12 @@ class InputRecord:
     for an original."""
     log_end: int | None = None
     """The partition's log end offset as the consumer last saw it, when known."""
+    epoch: int = 0
+    """The owner epoch the worker processes it under (service/keylane/kafka/epochs.py): the
+    state it commits carries it, so a former owner's late write never wins a restore."""
 
     @classmethod
-    def of(cls, topic: str, message: Any, *, log_end: int | None = None) -> InputRecord:
+    def of(cls, topic: str, message: Any, *, log_end: int | None = None, epoch: int = 0) -> InputRecord:
         """The record a consumer message carries, under its logical catalog topic name."""
         return cls(
             topic=topic,
@@ -92,6 +95,7 @@ class InputRecord:
             value=message.value,
             origin=origin_of(getattr(message, "headers", None)),
             log_end=log_end,
+            epoch=epoch,
         )
 
     @property

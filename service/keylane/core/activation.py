@@ -239,7 +239,7 @@ class KeyRuntime:
                 state = forget_stream(state, record)
             else:
                 metrics.REDELIVERIES.labels(record.topic).inc()
-                return Decision(state, republished(state, record))
+                return Decision(_owned(state, record), republished(state, record))
 
         if isinstance(parsed, TimerFired):
             return await self._on_timer(record, parsed, state, key)
@@ -544,7 +544,9 @@ class KeyRuntime:
             tombstone, emits = collected(state, record, key, ttl_ms=self.config.ttl_ms, now_ms=now)
             # The dead letters go in the tombstone's outbox, so a redelivered fire (a crash
             # before they were confirmed) publishes them again.
-            kept = struct_replace(tombstone, outbox=staged(state, record, emits, self.deliveries))
+            kept = struct_replace(
+                _owned(tombstone, record), outbox=staged(state, record, emits, self.deliveries)
+            )
             sealed = self._seal(kept, key)
             if sealed is None:  # cannot happen: the outbox holds what the state held already
                 return Decision(tombstone, emits)
@@ -635,7 +637,7 @@ class KeyRuntime:
         (``outbox.staged``). Pure: the caller forgets delivered ids only when it commits the
         result (``_decided``)."""
         advanced = struct_replace(
-            state,
+            _owned(state, record),
             applied=applied_with(state, record),
             outbox=staged(state, record, emits, self.deliveries),
             buffered=[*state.buffered, *extra_buffered],
@@ -662,6 +664,14 @@ class KeyRuntime:
 
 
 _NO_MEMORY = MemoryBlob()
+
+
+def _owned(state: KeyState, record: InputRecord) -> KeyState:
+    """``state`` as written under ``record``'s owner epoch: never lower than it was
+    (service/keylane/kafka/epochs.py)."""
+    if record.epoch <= state.epoch:
+        return state
+    return struct_replace(state, epoch=record.epoch)
 
 
 def _kept_settled(kept: list[str], new: list[str]) -> list[str]:

@@ -38,6 +38,12 @@ from keylane import metrics
 
 log = logging.getLogger(__name__)
 
+
+class Superseded(Exception):
+    """A job's record may belong to another worker now (its partition may have moved while
+    the job ran): the lane releases it unfinished, as a revocation does, and goes on."""
+
+
 Job = Callable[[], Awaitable[None]]
 WINDOW_PER_IN_FLIGHT = 16
 HOLD_BEFORE_PAUSE_S = 1.0
@@ -221,6 +227,8 @@ class _SchedulerBase:
             try:
                 await task
                 finished = True
+            except Superseded:
+                pass  # released unfinished: the partition's next owner runs it
             except asyncio.CancelledError:
                 if not (task.cancelled() and self._abandoning):
                     raise  # the lane itself is being cancelled
@@ -250,7 +258,7 @@ class _SchedulerBase:
         metrics.IN_FLIGHT.labels(label).inc()
         try:
             await work()
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, Superseded):
             raise
         except BaseException as exc:
             self.failure = exc

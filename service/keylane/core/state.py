@@ -38,7 +38,9 @@ this code reads:
   ``settled_intents`` (fields with defaults: a v1 blob decodes as is);
 * 3: ``BufferedEvent.payload`` is gone (it repeated what ``value`` holds). A v1 or v2 blob
   still decodes: its ``payload`` entries are ignored and the payload is decoded from
-  ``value``, which every version wrote as the envelope that was delivered.
+  ``value``, which every version wrote as the envelope that was delivered;
+* 4: ``epoch``, the owner epoch of the writer (a field with a default: a v3 blob decodes
+  with epoch 0, below every epoch a v4 worker writes).
 
 The whole blob must fit in one changelog record: the runtime checks every state it commits
 against the key's limit (see service/keylane/core/activation.py, ``KeyRuntime.state_limit``).
@@ -55,7 +57,7 @@ from keylane.errors import Fatal, KeylaneError
 from keylane.records import InputRecord
 from keylane.wire import AgentEnvelope, TimerKind, decode
 
-STATE_SCHEMA_VERSION = 3
+STATE_SCHEMA_VERSION = 4
 SETTLED_INTENTS_KEPT = 128
 
 IntentKind = Literal["tool", "approval"]
@@ -187,15 +189,33 @@ class KeyState(msgspec.Struct, kw_only=True):
     buffered: list[BufferedEvent] = msgspec.field(default_factory=list)
     timers: dict[TimerKind, ArmedTimer] = msgspec.field(default_factory=dict)
     settled_intents: list[str] = msgspec.field(default_factory=list)
+    epoch: int = 0
+    """The owner epoch of the worker that wrote this state (the consumer group generation it
+    held the partition in; service/keylane/kafka/epochs.py): a restore never lets a write of
+    a smaller epoch, a former owner's late one, replace it."""
 
 
 class _VersionProbe(msgspec.Struct):
     state_schema_version: int = 0
 
 
+class _EpochProbe(msgspec.Struct):
+    epoch: int = 0
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(KeyState)
 _probe = msgspec.msgpack.Decoder(_VersionProbe)
+_epoch_probe = msgspec.msgpack.Decoder(_EpochProbe)
+
+
+def epoch_of(blob: bytes) -> int | None:
+    """The owner epoch a state blob carries (0 before schema version 4), read without decoding
+    the rest; None when the blob does not decode."""
+    try:
+        return _epoch_probe.decode(blob).epoch
+    except msgspec.DecodeError:
+        return None
 
 
 def encode_state(state: KeyState) -> bytes:

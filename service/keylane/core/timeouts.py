@@ -48,7 +48,10 @@ def collected(
                 )
             )
     tombstone = KeyState(
-        seq=state.seq, applied=applied_with(state, record), settled_intents=state.settled_intents
+        seq=state.seq,
+        applied=applied_with(state, record),
+        settled_intents=state.settled_intents,
+        epoch=state.epoch,
     )
     return tombstone, emits
 

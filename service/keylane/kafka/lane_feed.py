@@ -24,7 +24,7 @@ from typing import Any
 from faust.streams import _current_event  # Faust's private variable: see service/keylane/kafka/patches.py
 
 from keylane import metrics
-from keylane.core.lanes import LaneRecord, LaneScheduler
+from keylane.core.lanes import LaneRecord, LaneScheduler, Superseded
 from keylane.core.offsets import Admission
 from keylane.kafka.delivery import ProduceFailed
 from keylane.kafka.offset_guard import guard_of
@@ -54,8 +54,8 @@ async def _handle_or_dead_letter(event: Any, handle: Handle, on_poison: Poison |
         try:
             await handle(event)
             return
-        except ProduceFailed:
-            raise  # the worker is going down without committing this record: no retry, no dead letter
+        except (ProduceFailed, Superseded):
+            raise  # the record is not this worker's to finish: no retry, no dead letter
         except Exception as exc:
             message = event.message
             if on_poison is None:

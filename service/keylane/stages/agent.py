@@ -31,6 +31,7 @@ rebalances too.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -40,15 +41,17 @@ from keylane.authoring.api import AgentConfig
 from keylane.catalog import APPROVALS, EVENTS, EVENTS_SHARDED, RESULTS, TIMERS, Catalog
 from keylane.core.activation import KeyRuntime
 from keylane.core.apply import apply_decision
-from keylane.core.lanes import WINDOW_PER_IN_FLIGHT, KeyLanes, LaneScheduler, PartitionLanes
-from keylane.core.state import IntentKind, KeyState, decode_state
+from keylane.core.lanes import WINDOW_PER_IN_FLIGHT, KeyLanes, LaneScheduler, PartitionLanes, Superseded
+from keylane.core.state import IntentKind, KeyState, decode_state, epoch_of
 from keylane.core.timers import TimerIndex, due_timers
 from keylane.kafka.app import App, log_end, on_rebalance_complete, on_shutdown, recovery_completed
 from keylane.kafka.delivery import RecordTooLarge, confirming, track_changelog
+from keylane.kafka.epochs import EpochFence, group_generation, owns_partition
 from keylane.kafka.lane_feed import lane_agent
 from keylane.kafka.offset_guard import guard_offsets
 from keylane.kafka.origin_check import origin_check_for
 from keylane.kafka.partitioner import expected_partition
+from keylane.kafka.pauses import PauseWatch
 from keylane.kafka.publish import RAW, Publisher, raw_topic
 from keylane.records import ORIGIN_HEADER, Emit, InputRecord, error_emit, origin_header
 from keylane.wire import encode
@@ -94,6 +97,9 @@ class AgentProcessor:
             STATE_TABLE, default=None, partitions=self.partitions, key_type=bytes, value_type=bytes
         )
         track_changelog(self.table)  # a state write counts as produced only once Kafka has it
+        self.fence = EpochFence(self.table, epoch_of, owns=owns_partition(app, catalog.name(events)))
+        self.fence.install()  # a restore never takes a former owner's late write over its successor's
+        self.pauses = PauseWatch(float(app.conf.broker_session_timeout)).start()
         self.publisher = Publisher(app, catalog, runtime)
         self.origins = origin_check_for(app)
         lane_agent(
@@ -135,6 +141,7 @@ class AgentProcessor:
             await self._process(event)
 
     async def _process(self, event: Any) -> None:
+        started = time.monotonic()
         message = event.message
         key: bytes | None = message.key
         if key is not None and expected_partition(key, self.partitions) != message.partition:
@@ -143,13 +150,19 @@ class AgentProcessor:
             except RecordTooLarge as refused:  # the copy's headers took it over the limit
                 await self.publisher.refuse(refused)
             return
-        record = InputRecord.of(self.logical_by_name[message.topic], message, log_end=self._log_end(message))
+        record = InputRecord.of(
+            self.logical_by_name[message.topic],
+            message,
+            log_end=self._log_end(message),
+            epoch=group_generation(self.app),  # read as the job starts: see kafka/epochs.py
+        )
         if record.origin is not None:
             forged = await self.origins.forged(record.origin, key=key, value=message.value)
             if forged is not None:
                 await self.publisher.publish(self._forged(record, forged))
                 return
         decision = await self.runtime.handle(record, self._state_of)
+        self._check_still_owner(record, started)
         for emit in apply_decision(self.table, self.timers, key, decision):
             await self.publisher.publish(emit)
 
@@ -157,6 +170,7 @@ class AgentProcessor:
         await self.lanes.stop()
         await self.offsets.close()
         await self.origins.close()
+        self.pauses.stop()
         close_provider = getattr(self.runtime.provider, "aclose", None)
         if close_provider is not None:
             await close_provider()  # pooled HTTP connections of a real provider
@@ -170,6 +184,9 @@ class AgentProcessor:
             if not recovery_completed(self.app):
                 return
             self._rebuild_timers = False
+            healed = self.fence.heal()
+            if healed:
+                log.warning("rewrote %s keys whose last changelog record was a former owner's", healed)
             # A blob that does not read quarantines its key instead of failing the whole
             # rebuild (which would fail it again on every worker the partition moves to).
             self.timers.rebuild(self.runtime.quarantine.readable(self.table.items()))
@@ -193,6 +210,24 @@ class AgentProcessor:
                     self.timers.resend(due.key, due.kind, due.timer)
                     continue
                 metrics.TIMERS_SENT.labels(due.kind).inc()
+
+    def _check_still_owner(self, record: InputRecord, started: float) -> None:
+        """Raise Superseded, before anything is written, when the record's partition may have
+        a new owner: the process stood still past its session timeout since the job started
+        (service/keylane/kafka/pauses.py), or the consumer is in no generation now or not in
+        the one the job started in (a rebalance, or an eviction it noticed)."""
+        generation = group_generation(self.app)
+        if generation < 0 or generation != record.epoch or self.pauses.interrupted(started):
+            log.warning(
+                "releasing %s/%s/%s unwritten: its partition may have moved since the job started "
+                "(generation %s, now %s)",
+                record.broker_topic,
+                record.partition,
+                record.offset,
+                record.epoch,
+                generation,
+            )
+            raise Superseded(f"{record.broker_topic}/{record.partition}/{record.offset}")
 
     def _forged(self, record: InputRecord, why: str) -> Emit:
         """The dead letter of a record whose ``keylane.origin`` is false: under its own

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keylane.core import lanes as lanes_module
-from keylane.core.lanes import KeyLanes, LaneRecord, PartitionLanes, WindowHooks
+from keylane.core.lanes import KeyLanes, LaneRecord, PartitionLanes, Superseded, WindowHooks
 
 TOPIC = "agent.events"
 
@@ -237,3 +237,32 @@ async def test_revoke_finishes_within_grace_and_releases_the_rest_in_offset_orde
     await lanes.submit(LaneRecord(TOPIC, 3, 3, b"k2"), quick, settle("ack", 3), settle("release", 3))
     await lanes.stop()
     assert settled[-1] == ("ack", 3), "after resume() records run again"
+
+
+@pytest.mark.parametrize("scheduler", ["key", "partition"])
+async def test_a_superseded_job_is_released_unfinished_and_the_lane_goes_on(scheduler: str) -> None:
+    lanes = (
+        KeyLanes(max_in_flight=4, worker_max_in_flight=4) if scheduler == "key" else PartitionLanes(window=16)
+    )
+    settled: list[tuple[str, int]] = []
+
+    async def superseded() -> None:
+        raise Superseded("agent.events/3/0")
+
+    async def quick() -> None:
+        await asyncio.sleep(0)
+
+    def settle(kind: str, offset: int) -> Callable[[], Awaitable[None]]:
+        async def record() -> None:
+            settled.append((kind, offset))
+
+        return record
+
+    for offset, work in ((0, superseded), (1, quick)):
+        await lanes.submit(
+            LaneRecord(TOPIC, 3, offset, b"k"), work, settle("ack", offset), settle("release", offset)
+        )
+    await lanes.stop()
+
+    assert settled == [("release", 0), ("ack", 1)]
+    lanes.check()  # no failure recorded: the scheduler still takes work

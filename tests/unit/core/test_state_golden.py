@@ -19,6 +19,7 @@ from keylane.core.state import (
     StateFromTheFuture,
     decode_state,
     encode_state,
+    epoch_of,
 )
 
 # The msgpack bytes of reference_state(1), written by schema version 1. Version 2 only added
@@ -76,10 +77,9 @@ GOLDEN_V2_HEX = (
 )
 
 
-# The msgpack bytes of reference_state() under STATE_SCHEMA_VERSION 3: each buffered event is
-# stored once, as its record value. Never edit by hand to make the test pass: a new encoding
-# needs a new schema version and a migration.
-GOLDEN_HEX = (
+# The msgpack bytes of reference_state(3), written by schema version 3: each buffered event is
+# stored once, as its record value. Version 4 only added ``epoch`` (default 0).
+GOLDEN_V3_HEX = (
     "8bb473746174655f736368656d615f76657273696f6e03a373657107a66d656d6f727981a7656e747269657382a46e61"
     "6d6583a576616c7565a3616461a472696e67c2ae6c6173745f6163636573735f6d73cd03e8a6726563656e7483a57661"
     "6c75659301a374776fc40103a472696e67c3ae6c6173745f6163636573735f6d73cd07d0ac636f6e74696e756174696f"
@@ -104,11 +104,38 @@ GOLDEN_HEX = (
 )
 
 
+# The msgpack bytes of reference_state() under STATE_SCHEMA_VERSION 4. Never edit by hand to
+# make the test pass: a new encoding needs a new schema version and a migration.
+GOLDEN_HEX = (
+    "8cb473746174655f736368656d615f76657273696f6e04a373657107a66d656d6f727981a7656e747269657382a46e61"
+    "6d6583a576616c7565a3616461a472696e67c2ae6c6173745f6163636573735f6d73cd03e8a6726563656e7483a57661"
+    "6c75659301a374776fc40103a472696e67c3ae6c6173745f6163636573735f6d73cd07d0ac636f6e74696e756174696f"
+    "6e87a373657106aa737465705f696e64657803b270656e64696e675f696e74656e745f69647392a8696e74656e742d61"
+    "a8696e74656e742d62a8736e617073686f74c404736e6170af73757370656e6465645f61745f6d73cd0bb8ab64656164"
+    "6c696e655f6d73cd0fa0ab657363616c6174696f6e7301a96c6c6d5f63616368659189a963616368655f6b6579a2636b"
+    "a8726573706f6e7365c40472657370a6646967657374a26431aa637265617465645f6d73cd1388ab6469676573745f6f"
+    "6e6c79c3a86d6f64656c5f6964a666616b652d31ad70726f6d70745f746f6b656e730bb1636f6d706c6574696f6e5f74"
+    "6f6b656e730ca473697a657ba770656e64696e6781a8696e74656e742d6184a9696e74656e745f6964a8696e74656e74"
+    "2d61a4746f6f6ca6726566756e64a46b696e64a8617070726f76616cad657870697265735f61745f6d73cd1770a76170"
+    "706c69656483b370726f642e6167656e742e6576656e74732f3229b470726f642e6167656e742e726573756c74732f32"
+    "09b370726f642e6167656e742e6576656e74732f3511a66f7574626f789188a97265636f72645f6964a56f75742d31a5"
+    "746f706963ac6167656e742e6572726f7273a36b6579c4036b2330a576616c7565c4027b7dac6f726967696e5f746f70"
+    "6963ac6167656e742e6576656e7473ad6f726967696e5f6f666673657429a56c6162656cb061637469766174696f6e5f"
+    "6572726f72ad6f726967696e5f73747265616db370726f642e6167656e742e6576656e74732f32a86275666665726564"
+    "9186a576616c7565c4197b2276223a312c227061796c6f6164223a226c61746572227dac6f726967696e5f746f706963"
+    "ac6167656e742e6576656e7473b36f726967696e5f62726f6b65725f746f706963b170726f642e6167656e742e657665"
+    "6e7473b06f726967696e5f706172746974696f6e02ad6f726967696e5f6f66667365742aa7636f70795f6f6693b17072"
+    "6f642e6167656e742e6576656e74730512a674696d65727382a46869746c82ab646561646c696e655f6d73cd2328a574"
+    "6f6b656eab6869746c3a373a39303030a374746c82ab646561646c696e655f6d73ce003711a8a5746f6b656ead74746c"
+    "3a373a33363039303030af736574746c65645f696e74656e747391a8696e74656e742d7aa565706f63680c"
+)
+
+
 def reference_state(version: int = STATE_SCHEMA_VERSION) -> KeyState:
     """A KeyState with every field (nested ones included) set away from its default; as
     schema ``version`` 1 wrote it, the fields version 2 added are left at their defaults.
     Version 3 added nothing, so reference_state(2) and reference_state(3) differ only in
-    their version (what a v2 blob stored twice, decoding drops)."""
+    their version (what a v2 blob stored twice, decoding drops); version 4 added ``epoch``."""
     state = KeyState(
         state_schema_version=version,
         seq=7,
@@ -177,11 +204,13 @@ def reference_state(version: int = STATE_SCHEMA_VERSION) -> KeyState:
     state.outbox[0].origin_stream = "prod.agent.events/2"
     state.buffered[0].copy_of = ("prod.agent.events", 5, 18)
     state.settled_intents = ["intent-z"]
+    if version >= 4:
+        state.epoch = 12
     return state
 
 
 def test_the_reference_state_encodes_to_the_golden_bytes() -> None:
-    assert STATE_SCHEMA_VERSION == 3
+    assert STATE_SCHEMA_VERSION == 4
     assert encode_state(reference_state()).hex() == GOLDEN_HEX, (
         "the state encoding changed: bump STATE_SCHEMA_VERSION and add a migration"
     )
@@ -199,7 +228,19 @@ def test_a_version_2_blob_still_decodes() -> None:
     assert decode_state(bytes.fromhex(GOLDEN_V2_HEX)) == reference_state(2)
 
 
-@pytest.mark.parametrize("golden", [GOLDEN_V1_HEX, GOLDEN_V2_HEX], ids=["v1", "v2"])
+def test_a_version_3_blob_still_decodes_with_epoch_0() -> None:
+    state = decode_state(bytes.fromhex(GOLDEN_V3_HEX))
+    assert state == reference_state(3)
+    assert state.epoch == 0
+
+
+def test_the_epoch_is_read_without_decoding_the_rest() -> None:
+    assert epoch_of(bytes.fromhex(GOLDEN_HEX)) == 12
+    assert epoch_of(bytes.fromhex(GOLDEN_V3_HEX)) == 0
+    assert epoch_of(b"\xc1 not msgpack") is None
+
+
+@pytest.mark.parametrize("golden", [GOLDEN_V1_HEX, GOLDEN_V2_HEX, GOLDEN_V3_HEX], ids=["v1", "v2", "v3"])
 def test_an_old_blob_keeps_its_queued_payload_and_is_written_back_in_the_current_version(golden: str) -> None:
     state = decode_state(bytes.fromhex(golden))
 
@@ -214,7 +255,9 @@ def test_a_buffered_event_is_stored_once() -> None:
     the envelope only, so a key's queue costs what its records cost."""
     assert bytes.fromhex(GOLDEN_V2_HEX).count(b"later") == 2
     assert bytes.fromhex(GOLDEN_HEX).count(b"later") == 1
-    assert encode_state(decode_state(bytes.fromhex(GOLDEN_V2_HEX))).hex() == GOLDEN_HEX
+    from_v2 = decode_state(bytes.fromhex(GOLDEN_V2_HEX))
+    from_v2.epoch = 12  # the one field version 4 added
+    assert encode_state(from_v2).hex() == GOLDEN_HEX
 
 
 def test_every_field_of_the_reference_state_is_set_away_from_its_default() -> None:
