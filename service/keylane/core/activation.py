@@ -376,7 +376,11 @@ class KeyRuntime:
         if past_deadline:
             return "deadline_passed"
         if pending is not None and now >= pending.expires_at_ms:
-            return "intent_expired"
+            # The effector starts no run that could end past the intent's expiry, and stamps
+            # when it ended: a run that ended in time is honoured, however late its result.
+            ended = resume.completed_at_ms if isinstance(resume, ToolResult) else 0
+            if not 0 < ended < pending.expires_at_ms:
+                return "intent_expired"
         return None
 
     async def _activate(

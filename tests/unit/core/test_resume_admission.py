@@ -276,3 +276,22 @@ async def test_an_expired_tool_result_after_the_suspensions_own_timeout_is_left_
     assert_orphan(decision, "deadline_passed", intent.intent_id)
     assert harness.store[KEY] == before
     assert agent.resumes == []
+
+
+async def test_a_result_whose_run_ended_before_the_intents_expiry_is_honoured_after_it() -> None:
+    # The effector ran ship in time (completed_at_ms before its expiry); the result reached
+    # the worker once the expiry had passed, while the key still waits.
+    harness, agent, ship_id = await charged_and_waiting_for_ship(ManualClock())
+    expires_at = harness.state(KEY).pending[ship_id].expires_at_ms
+    ran_in_time = ToolResult(
+        intent_id=ship_id,
+        entity_key=KEY.decode(),
+        status="OK",
+        result_json="null",
+        completed_at_ms=expires_at - 1,
+    )
+
+    decision = await harness.send_result(ran_in_time)
+
+    assert decision.new_state is not None
+    assert agent.resumes == [(b"waiting for both", "OK"), (b"waiting for ship", "OK")]
