@@ -52,6 +52,15 @@ def group_generation(app: Any) -> int:
     return int(generation)
 
 
+def request_rejoin(app: Any) -> None:
+    """Make the app's consumer rejoin its group now (from any thread): the rebalance revokes
+    and reassigns every partition. Runs aiokafka's ``request_rejoin`` on the consumer thread's
+    loop (service/keylane/kafka/patches.py lists this internal)."""
+    thread = app.consumer._thread
+    coordinator = thread._consumer._coordinator
+    thread.thread_loop.call_soon_threadsafe(coordinator.request_rejoin)
+
+
 class EpochFence:
     """Restores of one table keep each key's newest-epoch value (module docstring)."""
 

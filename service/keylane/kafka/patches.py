@@ -41,6 +41,11 @@ Faust and aiokafka internals keylane reaches without patching them:
   because the consumer's method queue may be held by a fetch waiting for the rebalance.
 * The Consumer's ``flow_active`` (``OffsetGuard.reread_stalled``): whether Faust delivers
   fetched records now; while it does not, a partition with records waiting is not stalled.
+* The consumer thread's aiokafka consumer's group coordinator (service/keylane/kafka/epochs.py):
+  its ``generation`` is the owner epoch lane jobs start under, and ``request_rejoin`` (run on
+  the consumer thread's loop) makes a worker that stood still past its session timeout rejoin
+  at once. Faust's store's ``_db_for_partition`` lets a changelog restore compare a record's
+  epoch with the stored one.
 * ``app.tables.recovery.completed`` (``recovery_completed`` in service/keylane/kafka/app.py):
   the TableManager's recovery, which its Protocol does not declare.
 * ``AIOKafkaAdminClient._client`` (service/keylane/kafka/topic_admin.py): the public admin
@@ -48,7 +53,9 @@ Faust and aiokafka internals keylane reaches without patching them:
 
 Public API keylane overrides, listed for completeness (not patches): ``Table.send_changelog``
 is wrapped per table instance by ``track_changelog`` (service/keylane/kafka/delivery.py);
-``ConfirmedTopic`` overrides ``Topic.send`` (delivery.py); the app's Table class overrides
+``Table.apply_changelog_batch`` is wrapped per table instance by ``EpochFence``
+(service/keylane/kafka/epochs.py); ``ConfirmedTopic`` overrides ``Topic.send`` (delivery.py);
+the app's Table class overrides
 ``__init__`` and ``on_start`` (service/keylane/kafka/app.py).
 """
 

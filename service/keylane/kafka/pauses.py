@@ -6,11 +6,15 @@ and its partitions may have moved. When it runs again, its lane jobs carry on wh
 stood, and would write their keys' state and publish their outputs before the consumer finds
 out at its next heartbeat. ``PauseWatch`` lets a job find out first: a daemon thread ticks
 every TICK_S and notes every gap between ticks longer than the threshold (the session
-timeout less a margin); a job that started before such a gap ended, or while one is still
-going on (the ticker has not run since the process resumed), or within a session timeout
-after one (until the consumer learns at its next heartbeat that it was evicted and leaves its
-generation), must not write (``interrupted``). The worker then releases it unfinished: the
-partition's new owner runs it.
+timeout less a margin), with the group generation it sampled before the gap. A job must not
+write (``interrupted``) if it started before such a gap ended, or while one is still going on
+(the ticker has not run since the process resumed), or under the generation held before one:
+the consumer may still believe in that generation until its next heartbeat, but the group
+has left it. The worker then releases the job unfinished, and ``on_pause`` makes its consumer
+rejoin the group at once: the rebalance revokes every partition (releasing the records queued
+behind the released one, so no later record of a key is applied before it) and each partition
+is read again from its committed offset, under a new generation, by its new owner or, if the
+group had not evicted this worker after all, by this one.
 
 This narrows a former owner's late writes to the moment between the check and the producer
 sending the job's records; the owner epochs (service/keylane/kafka/epochs.py) keep the state safe from what is
@@ -22,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +37,22 @@ may have been the last one the group coordinator saw."""
 
 
 class PauseWatch:
-    """Remembers when this process last resumed from a pause longer than ``threshold_s``."""
+    """Remembers the long pauses of this process, and the group generation held before each."""
 
-    def __init__(self, session_timeout_s: float) -> None:
+    def __init__(
+        self,
+        session_timeout_s: float,
+        *,
+        generation: Callable[[], int],
+        on_pause: Callable[[], None] | None = None,
+    ) -> None:
         self.threshold_s = session_timeout_s * MARGIN
-        self.settle_s = session_timeout_s
-        """How long after a long pause no job writes: a consumer that was evicted learns it at
-        its next heartbeat, well within a session timeout, and leaves its generation."""
+        self._generation = generation
+        self._on_pause = on_pause
         self._last_tick = time.monotonic()
+        self._generation_seen = generation()  # at the last tick: before a gap, once one is found
         self._resumed_at = float("-inf")  # the end of the latest long pause
+        self._fenced: set[int] = set()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -52,16 +64,15 @@ class PauseWatch:
     def stop(self) -> None:
         self._stop.set()
 
-    def interrupted(self, since: float) -> bool:
-        """Whether a job that started at ``since`` (a ``time.monotonic()`` reading) must not
-        write: a long pause is going on now, one ended after the job started, or one ended
-        less than ``settle_s`` ago (the job started while the consumer may still believe in a
-        generation the group has left)."""
-        now = time.monotonic()
+    def interrupted(self, since: float, epoch: int) -> bool:
+        """Whether a job that started at ``since`` (a ``time.monotonic()`` reading) under
+        ``epoch`` (the group generation then) must not write: a long pause is going on now,
+        one ended after the job started, or the job's generation is one this process held
+        when a long pause began (the group has left it, whatever the consumer believes yet)."""
         return (
-            now - self._last_tick > self.threshold_s
+            time.monotonic() - self._last_tick > self.threshold_s
             or self._resumed_at > since
-            or now - self._resumed_at < self.settle_s
+            or epoch in self._fenced
         )
 
     def _tick(self) -> None:
@@ -69,10 +80,19 @@ class PauseWatch:
             now = time.monotonic()
             gap = now - self._last_tick
             if gap > self.threshold_s:
+                self._fenced.add(self._generation_seen)
                 self._resumed_at = now
                 log.warning(
                     "this process stood still for %.1fs, past its session timeout: its partitions "
-                    "may have moved, so its running activations are released unwritten",
+                    "may have moved, so its activations of generation %s are released unwritten and "
+                    "it rejoins its group",
                     gap,
+                    self._generation_seen,
                 )
+                if self._on_pause is not None:
+                    try:
+                        self._on_pause()
+                    except Exception:
+                        log.exception("could not act on the pause")
             self._last_tick = now
+            self._generation_seen = self._generation()

@@ -46,7 +46,7 @@ from keylane.core.state import IntentKind, KeyState, decode_state, epoch_of
 from keylane.core.timers import TimerIndex, due_timers
 from keylane.kafka.app import App, log_end, on_rebalance_complete, on_shutdown, recovery_completed
 from keylane.kafka.delivery import RecordTooLarge, confirming, track_changelog
-from keylane.kafka.epochs import EpochFence, group_generation, owns_partition
+from keylane.kafka.epochs import EpochFence, group_generation, owns_partition, request_rejoin
 from keylane.kafka.lane_feed import lane_agent
 from keylane.kafka.offset_guard import guard_offsets
 from keylane.kafka.origin_check import origin_check_for
@@ -99,7 +99,11 @@ class AgentProcessor:
         track_changelog(self.table)  # a state write counts as produced only once Kafka has it
         self.fence = EpochFence(self.table, epoch_of, owns=owns_partition(app, catalog.name(events)))
         self.fence.install()  # a restore never takes a former owner's late write over its successor's
-        self.pauses = PauseWatch(float(app.conf.broker_session_timeout)).start()
+        self.pauses = PauseWatch(
+            float(app.conf.broker_session_timeout),
+            generation=partial(group_generation, app),
+            on_pause=partial(request_rejoin, app),
+        ).start()
         self.publisher = Publisher(app, catalog, runtime)
         self.origins = origin_check_for(app)
         lane_agent(
@@ -213,11 +217,12 @@ class AgentProcessor:
 
     def _check_still_owner(self, record: InputRecord, started: float) -> None:
         """Raise Superseded, before anything is written, when the record's partition may have
-        a new owner: the process stood still past its session timeout since the job started
+        a new owner: the process stood still past its session timeout since the job started,
+        or the job's generation is one it held when it stood still
         (service/keylane/kafka/pauses.py), or the consumer is in no generation now or not in
         the one the job started in (a rebalance, or an eviction it noticed)."""
         generation = group_generation(self.app)
-        if generation < 0 or generation != record.epoch or self.pauses.interrupted(started):
+        if generation < 0 or generation != record.epoch or self.pauses.interrupted(started, record.epoch):
             log.warning(
                 "releasing %s/%s/%s unwritten: its partition may have moved since the job started "
                 "(generation %s, now %s)",

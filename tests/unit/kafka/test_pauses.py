@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,20 +17,25 @@ import pytest
 # verdict of every check.
 PROGRAM = """
 import sys, time
+from pathlib import Path
 from keylane.kafka.pauses import PauseWatch
-watch = PauseWatch(session_timeout_s=1.0).start()
+generation_file = Path(sys.argv[1])  # the group generation, as the test sets it
+def generation():
+    return int(generation_file.read_text())
+watch = PauseWatch(session_timeout_s=1.0, generation=generation).start()
 started = time.monotonic()
 print("ready", flush=True)
 while True:
     time.sleep(0.02)
     now = time.monotonic()
-    print(now, "interrupted" if watch.interrupted(started) else "running", flush=True)
+    print(now, "interrupted" if watch.interrupted(started, generation()) else "running", flush=True)
 """
 
 
-def run_watch() -> subprocess.Popen[str]:
+def run_watch(generation_file: Path, program: str = PROGRAM) -> subprocess.Popen[str]:
+    generation_file.write_text("3")
     process = subprocess.Popen(
-        [sys.executable, "-c", PROGRAM], stdout=subprocess.PIPE, text=True, env={**os.environ}
+        [sys.executable, "-c", program, str(generation_file)], stdout=subprocess.PIPE, text=True
     )
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "ready"
@@ -57,8 +63,8 @@ def stop(process: subprocess.Popen[str]) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_a_job_that_started_before_a_long_stop_finds_out_at_its_first_check() -> None:
-    process = run_watch()
+def test_a_job_that_started_before_a_long_stop_finds_out_at_its_first_check(tmp_path: Path) -> None:
+    process = run_watch(tmp_path / "generation")
     try:
         assert set(verdicts_for(process, 0.5)) == {"running"}
         os.kill(process.pid, signal.SIGSTOP)
@@ -74,8 +80,8 @@ def test_a_job_that_started_before_a_long_stop_finds_out_at_its_first_check() ->
 
 
 @pytest.mark.timeout(30)
-def test_a_process_that_keeps_running_is_never_interrupted() -> None:
-    process = run_watch()
+def test_a_process_that_keeps_running_is_never_interrupted(tmp_path: Path) -> None:
+    process = run_watch(tmp_path / "generation")
     try:
         seen = verdicts_for(process, 2.0)
     finally:
@@ -84,25 +90,26 @@ def test_a_process_that_keeps_running_is_never_interrupted() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_a_job_that_starts_just_after_a_long_stop_waits_a_session_timeout_to_write() -> None:
-    # It starts before the consumer's next heartbeat has told it that it was evicted. Session
-    # timeout 2 s: a 3 s stop counts, and a job starting 2 s after it may write again.
-    program = PROGRAM.replace("session_timeout_s=1.0", "session_timeout_s=2.0").replace(
-        "watch.interrupted(started)",
-        "watch.interrupted(time.monotonic())",  # each check: a new job
+def test_a_job_that_starts_after_a_long_stop_writes_only_in_a_new_generation(tmp_path: Path) -> None:
+    # It starts before the consumer's next heartbeat has told it that the group left its
+    # generation: refused under the generation held before the stop, let through once the
+    # consumer rejoined under a new one.
+    program = PROGRAM.replace(
+        "watch.interrupted(started, generation())", "watch.interrupted(time.monotonic(), generation())"
     )
-    process = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
+    generation = tmp_path / "generation"
+    process = run_watch(generation, program)
     try:
-        assert process.stdout.readline().strip() == "ready"
         assert set(verdicts_for(process, 0.5)) == {"running"}
         os.kill(process.pid, signal.SIGSTOP)
-        time.sleep(3.0)
+        time.sleep(2.0)
         continued = time.monotonic()
         os.kill(process.pid, signal.SIGCONT)
-        early = verdicts_for(process, 1.5, after=continued)
-        late = verdicts_for(process, 1.5, after=continued + 2.5)
+        same_generation = verdicts_for(process, 1.5, after=continued)
+        generation.write_text("4")  # the consumer rejoined
+        rejoined = time.monotonic()
+        new_generation = verdicts_for(process, 1.0, after=rejoined + 0.2)
     finally:
         stop(process)
-    assert early and set(early) == {"interrupted"}, "within a session timeout of the stop"
-    assert late and set(late) == {"running"}, "a session timeout later a new job may write again"
+    assert same_generation and set(same_generation) == {"interrupted"}
+    assert new_generation and set(new_generation) == {"running"}
