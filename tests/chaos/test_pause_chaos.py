@@ -140,12 +140,11 @@ class Freezer:
             self.frozen.pop(pid, None)
 
 
-@pytest.mark.known_bug
 @pytest.mark.timeout(TIMEOUT_S)
 async def test_a_worker_stopped_past_its_session_timeout_is_fenced_when_it_resumes(
     settings: Settings, catalog: Catalog, tmp_path: Path
 ) -> None:
-    """Known bug: issue 21 item 5 (nothing fences a zombie); remove the marker once it passes.
+    """Issue 21 item 5, attacking docs/runtime.md's "A worker that stood still".
 
     Found on the code before the fencing: a thawed worker finishes activations and applies
     results from stale state after its partitions moved, so one output id carries two
@@ -165,7 +164,7 @@ async def test_a_worker_stopped_past_its_session_timeout_is_fenced_when_it_resum
         f"pause chaos seed={seed} events={len(plan.events)} keys={_KEYS} session_timeout={session_s:g}s "
         f"llm_latency={LLM_LATENCY_MS}ms; schedule: {' '.join(str(f) for f in faults)}\n"
         f"replay: CHAOS_SEED={seed} CHAOS_EVENTS={_EVENTS} CHAOS_KEYS={_KEYS} CHAOS_PAUSES={_PAUSES} "
-        f"CHAOS_PAUSE_KILLS={_KILLS} pytest -m known_bug {__file__}\n"
+        f"CHAOS_PAUSE_KILLS={_KILLS} pytest -m chaos {__file__}\n"
         f"logs: {tmp_path}; topics: {settings.topic_prefix}agent.*; group: {settings.app_id}"
     )
     print(header, flush=True)
