@@ -19,7 +19,7 @@ import pytest
 from keylane.catalog import ERRORS, EVENTS, OUTPUT, Catalog
 from keylane.config import Settings
 from keylane.kafka.partitioner import expected_partition
-from keylane.kafka.topic_reader import TopicRecord
+from keylane.kafka.topic_reader import TopicRecord, read_to_end
 from keylane.stages.agent import STATE_TABLE
 from keylane.testing.processes import free_port
 from keylane.wire import AgentEnvelope, ErrorRecord, decode, encode
@@ -73,10 +73,15 @@ async def test_a_newer_keylanes_blob_quarantines_its_key_and_the_partition_goes_
         await wait_for_records(settings, catalog.name(OUTPUT), lambda rs: len(by_id(rs)) == 3)
         await commits_reach_the_end(settings, catalog)
 
-    # A newer keylane (schema version 99) wrote the poisoned key's last state; then it was
-    # rolled back, and this keylane's worker restores that partition from the changelog.
+    # A newer keylane (schema version 99) wrote the poisoned key's last state, as the owner of
+    # its partition then (an owner epoch past the last one); then it was rolled back, and
+    # this keylane's worker restores that partition from the changelog.
     changelog = f"{settings.app_id}-{STATE_TABLE}-changelog"
-    future = msgspec.msgpack.encode({"state_schema_version": 99, "seq": 7, "fields_we_do_not_know": [1]})
+    [last] = [r for r in await read_to_end(settings, changelog) if r.key == poisoned]
+    epoch = msgspec.msgpack.decode(last.value or b"")["epoch"] + 1
+    future = msgspec.msgpack.encode(
+        {"state_schema_version": 99, "seq": 7, "epoch": epoch, "fields_we_do_not_know": [1]}
+    )
     await produce(settings, changelog, [(poisoned, future)])
     shutil.rmtree(volume)
 
