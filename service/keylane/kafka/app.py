@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
+from aiokafka import AIOKafkaConsumer
 from faust.types import TP
 from mode import Signal
 from mode.utils.times import want_seconds
@@ -167,6 +168,28 @@ def _connect(app_signal: Signal[Any], receiver: Callable[[], Awaitable[None]]) -
         await receiver()
 
     app_signal.connect(receive)  # type: ignore[arg-type]  # mode types receivers as positional-only
+
+
+async def started_side_consumer(app: faust.App, *, auto_offset_reset: str) -> AIOKafkaConsumer:
+    """A started consumer outside the app's group, on the app's brokers and with the isolation
+    level its own consumer reads with, for checks that read a log at a position of their
+    choosing. A consumer whose start failed is stopped (it may hold connections) before the
+    error is raised, so callers keep only started ones."""
+    conf = app.conf
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=[f"{url.host}:{url.port or 9092}" for url in conf.broker],
+        enable_auto_commit=False,
+        auto_offset_reset=auto_offset_reset,
+        isolation_level="read_committed"
+        if str(conf.processing_guarantee) == "exactly_once"
+        else "read_uncommitted",
+    )
+    try:
+        await consumer.start()
+    except BaseException:
+        await consumer.stop()
+        raise
+    return consumer
 
 
 def recovery_completed(app: faust.App) -> bool:

@@ -53,7 +53,7 @@ from faust.types import TP
 from keylane import metrics
 from keylane.core.lanes import LaneScheduler, WindowHooks
 from keylane.core.offsets import OffsetLedger
-from keylane.kafka.app import log_end, readiness, recovery_completed
+from keylane.kafka.app import log_end, readiness, recovery_completed, started_side_consumer
 from keylane.kafka.consumer_lag import LAG_REFRESH_S, CommitSensor, ConsumerLag
 from keylane.kafka.patches import wrap_faust_consumer
 
@@ -339,20 +339,8 @@ class OffsetGuard:
     async def _start_probe(self) -> AIOKafkaConsumer:
         """A started probe consumer, kept as ``self._probe`` only once its start succeeded: a
         consumer whose start failed is stopped (it may hold connections) and never reused."""
-        conf = self.app.conf
-        probe = AIOKafkaConsumer(
-            bootstrap_servers=[f"{url.host}:{url.port or 9092}" for url in conf.broker],
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",  # past retention: the first record that still exists
-            isolation_level=(
-                "read_committed" if str(conf.processing_guarantee) == "exactly_once" else "read_uncommitted"
-            ),
-        )
-        try:
-            await probe.start()
-        except BaseException:
-            await probe.stop()
-            raise
+        # past retention: the first record that still exists
+        probe = await started_side_consumer(self.app, auto_offset_reset="earliest")
         self._probe = probe
         return probe
 

@@ -22,6 +22,8 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 import msgspec
@@ -29,6 +31,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
 from keylane.errors import KeylaneError
+from keylane.kafka.app import started_side_consumer
 from keylane.keys import unshard_key
 from keylane.wire import AgentEnvelope, MalformedRecord, decode, encode
 
@@ -76,9 +79,8 @@ class _Original(NamedTuple):
 class OriginCheck:
     """Checks copies' ``keylane.origin`` claims against the originals on the broker."""
 
-    def __init__(self, bootstrap_servers: list[str], *, isolation_level: str = "read_uncommitted") -> None:
-        self._bootstrap = bootstrap_servers
-        self._isolation = isolation_level
+    def __init__(self, start_consumer: Callable[[], Awaitable[AIOKafkaConsumer]]) -> None:
+        self._start_consumer = start_consumer
         self._consumer: AIOKafkaConsumer | None = None
         self._lock = asyncio.Lock()
         self._seen: OrderedDict[Position, _Original] = OrderedDict()
@@ -158,14 +160,7 @@ class OriginCheck:
 
     async def _started(self) -> AIOKafkaConsumer:
         if self._consumer is None:
-            consumer = AIOKafkaConsumer(
-                bootstrap_servers=self._bootstrap,
-                enable_auto_commit=False,
-                auto_offset_reset="none",
-                isolation_level=self._isolation,
-            )
-            await consumer.start()  # stored only once started: a failed start is tried again
-            self._consumer = consumer
+            self._consumer = await self._start_consumer()  # kept only once started
         return self._consumer
 
 
@@ -180,11 +175,6 @@ def _logical(key: bytes | None) -> bytes | None:
 
 
 def origin_check_for(app: Any) -> OriginCheck:
-    """An OriginCheck reading the brokers of a Faust app, with its consumers' isolation."""
-    conf = app.conf
-    return OriginCheck(
-        [f"{url.host}:{url.port or 9092}" for url in conf.broker],
-        isolation_level="read_committed"
-        if str(conf.processing_guarantee) == "exactly_once"
-        else "read_uncommitted",
-    )
+    """An OriginCheck reading the brokers of a Faust app, with its consumers' isolation; an
+    offset the log does not hold raises instead of being reset (``auto_offset_reset="none"``)."""
+    return OriginCheck(partial(started_side_consumer, app, auto_offset_reset="none"))
