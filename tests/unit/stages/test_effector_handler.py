@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from keylane.authoring.tools import ToolRegistry
+from keylane.core.lanes import Superseded
 from keylane.kafka.partitioner import expected_partition
 from keylane.records import ORIGIN_HEADER, Emit
 from keylane.signing import Keyring
@@ -713,3 +714,29 @@ async def test_a_result_over_the_record_limit_is_answered_as_an_error_and_record
     assert all(len(value) <= 1000 for value in rig.io.result_bytes())
     assert rig.io.result_bytes()[2] == rig.io.result_bytes()[0], "the copy got the recorded answer"
     assert isinstance(rig.claims.claim("big", now_ms=START_MS, lease_ms=LEASE_MS), Done)
+
+
+async def test_a_run_the_effector_stood_still_through_is_left_in_doubt_not_answered() -> None:
+    # The pause made the tool's timeout fire (or its partition move): nothing is recorded or
+    # published, and the claim stays for the next attempt to settle in doubt.
+    rig = make_rig()
+    rig.handler.run_watch = lambda: lambda: bool(rig.calls)  # it stood still once the tool ran
+
+    with pytest.raises(Superseded):
+        await rig.deliver(intent())
+
+    assert len(rig.calls) == 1
+    assert rig.io.result_bytes() == []
+    [claim] = rig.table.values()
+    assert msgspec.msgpack.decode(claim)["state"] == "claimed"
+
+
+async def test_a_run_starting_under_a_generation_the_group_left_never_runs() -> None:
+    rig = make_rig()
+    rig.handler.run_watch = lambda: lambda: True
+
+    with pytest.raises(Superseded):
+        await rig.deliver(intent())
+
+    assert rig.calls == []
+    assert rig.io.result_bytes() == []

@@ -82,6 +82,7 @@ from keylane import metrics
 from keylane.authoring.tools import ToolRegistry, ToolSpec
 from keylane.catalog import INTENTS, RESULTS
 from keylane.clock import Clock, wall_clock_ms
+from keylane.core.lanes import Superseded
 from keylane.kafka.partitioner import expected_partition
 from keylane.records import ORIGIN_HEADER, Emit, InputRecord, error_emit, origin_header
 from keylane.signing import Keyring, Mode
@@ -167,6 +168,7 @@ class IntentHandler:
         keyring: Keyring | None = None,
         intent_signatures: Mode = "off",
         revoking: Callable[[], bool] = _never,
+        run_watch: Callable[[], Callable[[], bool]] = lambda: _never,
         result_limit: int | None = None,
         expiry_margin_ms: int = EXPIRY_MARGIN_MS,
         unknown_tool_wait_s: float = UNKNOWN_TOOL_WAIT_S,
@@ -187,6 +189,9 @@ class IntentHandler:
         self.keyring = keyring or Keyring({})
         self.intent_signatures = intent_signatures
         self.revoking = revoking
+        self.run_watch = run_watch
+        """Called as a run starts; what it returns says, once the run ended, whether the
+        effector stood still past its session timeout meanwhile (service/keylane/kafka/pauses.py)."""
 
     async def handle(self, message: Any) -> None:
         """Steps 1-6 of the module docstring for one agent.intents record (a consumer
@@ -267,7 +272,20 @@ class IntentHandler:
             await self._finish(intent, result_of(intent, "EXPIRED", error=self._too_late(intent)))
             return
         metrics.EFFECTOR_EXECUTIONS.inc()
+        stood_still = self.run_watch()
+        if stood_still():  # started under a generation the group left: no effect on its behalf
+            raise Superseded(f"intent {intent.intent_id}")
         result = await run(intent, runnable, default_timeout_s=self.tool_timeout_s, budget_s=budget_ms / 1000)
+        if stood_still():
+            # The process stood still past its session timeout while the tool ran: a timeout
+            # it reports is the pause's, and its partition may have moved. Nothing is recorded:
+            # the claim's lease runs out and the next attempt settles the intent in doubt.
+            log.warning(
+                "intent %s: the effector stood still while tool %r ran; leaving it in doubt",
+                intent.intent_id,
+                intent.tool,
+            )
+            raise Superseded(f"intent {intent.intent_id}")
         await self._finish(intent, result)
 
     def _budget_ms(self, intent: ToolIntent) -> int:

@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from keylane import metrics
@@ -36,8 +39,10 @@ from keylane.clock import Clock, wall_clock_ms
 from keylane.core.lanes import PartitionLanes
 from keylane.kafka.app import App, changelog_record_limit, on_shutdown
 from keylane.kafka.delivery import RecordTooLarge, confirm_handed_off, confirming, track_changelog
+from keylane.kafka.epochs import group_generation, request_rejoin
 from keylane.kafka.lane_feed import lane_agent
 from keylane.kafka.offset_guard import guard_offsets
+from keylane.kafka.pauses import PauseWatch
 from keylane.kafka.publish import Publisher, raw_topic
 from keylane.records import Emit, InputRecord, error_emit
 from keylane.signing import Keyring, Mode
@@ -124,6 +129,11 @@ class Effector:
         self.catalog = catalog
         self.registry = registry
         self.lanes = EffectorLanes()
+        self.pauses = PauseWatch(
+            float(app.conf.broker_session_timeout),
+            generation=partial(group_generation, app),
+            on_pause=partial(request_rejoin, app),
+        ).start()
         self._stopping: asyncio.Future[int] | None = None
         self.publisher = Publisher(app, catalog)
         source = raw_topic(app, catalog.name(INTENTS))
@@ -146,6 +156,7 @@ class Effector:
             keyring=keyring,
             intent_signatures=intent_signatures,
             revoking=self._revoking,
+            run_watch=self._run_watch,
             result_limit=min(changelog_record_limit(app, catalog), catalog[RESULTS].max_message_bytes)
             - RESULT_RECORD_MARGIN_BYTES,
             unknown_tool_wait_s=unknown_tool_wait_s,
@@ -175,6 +186,12 @@ class Effector:
         )
         on_shutdown(app, self._stop_lanes)
 
+    def _run_watch(self) -> Callable[[], bool]:
+        """For a run starting now: whether the effector stood still past its session timeout
+        before it ended, or it started under a generation held before such a pause."""
+        started, epoch = time.monotonic(), group_generation(self.app)
+        return partial(self.pauses.interrupted, started, epoch)
+
     def _revoking(self) -> bool:
         """Whether a revocation is under way, a stop counting as one: Faust's stop waits for
         every record in progress before it revokes anything, so once the app is stopping
@@ -202,6 +219,7 @@ class Effector:
     async def _stop_lanes(self) -> None:
         await self.lanes.stop()
         await self.offsets.close()
+        self.pauses.stop()
 
     async def handle(self, message: Any) -> None:
         """One agent.intents record (handler.py's steps)."""
