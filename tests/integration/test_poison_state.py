@@ -16,9 +16,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from bench.lanes import keys_on_partition
 from keylane.catalog import ERRORS, EVENTS, OUTPUT, Catalog
 from keylane.config import Settings
-from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.topic_reader import TopicRecord, read_to_end
 from keylane.stages.agent import STATE_TABLE
 from keylane.testing.processes import free_port
@@ -31,19 +31,6 @@ from tests.processes import KeylaneProcess, process_env, running
 pytestmark = pytest.mark.kafka
 
 AGENT = ["worker", "--agent", "tests.agents.flow:remember"]
-
-
-def keys_on_one_partition(partitions: int, count: int) -> list[bytes]:
-    """``count`` keys that murmur2 puts on one partition: they share a lane feed and a restore."""
-    target = expected_partition(b"poison-0", partitions)
-    found = [b"poison-0"]
-    n = 1
-    while len(found) < count:
-        key = f"poison-{n}".encode()
-        if expected_partition(key, partitions) == target:
-            found.append(key)
-        n += 1
-    return found
 
 
 def event(key: bytes, n: int) -> tuple[bytes, bytes]:
@@ -64,7 +51,7 @@ async def test_a_newer_keylanes_blob_quarantines_its_key_and_the_partition_goes_
     settings: Settings, catalog: Catalog, tmp_path: Path
 ) -> None:
     partitions = catalog[EVENTS].partitions
-    poisoned, *good = keys_on_one_partition(partitions, 3)
+    poisoned, *good = keys_on_partition(0, partitions, 3)  # one lane feed and one restore
     env = process_env(settings, LLM_LEDGER=str(tmp_path / "llm.jsonl"))
     volume = tmp_path / "volume"
     first = KeylaneProcess(AGENT, {**env, "KEYLANE_DATA_DIR": str(volume)}, tmp_path / "first.log")
