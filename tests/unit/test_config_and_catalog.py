@@ -31,11 +31,65 @@ def test_environment_is_read_and_flags_win() -> None:
     assert settings.topic_prefix == "stage."
     assert settings.replication_factor == 3
     assert settings.metrics_port == 0
-    assert settings.app_id == "keylane"
+    assert settings.app_id == "stage.keylane"  # the prefix keeps the deployment's group its own
+
+
+def test_the_app_id_is_keylane_without_a_prefix_and_an_explicit_one_wins() -> None:
+    assert Settings.from_env({}).app_id == "keylane"
+    assert Settings.from_env({"KEYLANE_TOPIC_PREFIX": "a.", "KEYLANE_APP_ID": "mine"}).app_id == "mine"
 
 
 def test_kafka_bootstrap_servers_is_a_fallback() -> None:
     assert Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": "k:9"}).bootstrap_servers == "k:9"
+
+
+def test_the_broker_a_local_run_wrote_is_found_when_nothing_names_one(tmp_path: Path) -> None:
+    (tmp_path / "keylane.env").write_text(
+        "KEYLANE_BOOTSTRAP_SERVERS=127.0.0.1:40123\nKEYLANE_REPLICATION_FACTOR=3\n"
+    )
+
+    found = Settings.from_env({"KEYLANE_KAFKA_STATE": str(tmp_path)})
+    named = Settings.from_env({"KEYLANE_KAFKA_STATE": str(tmp_path), "KEYLANE_BOOTSTRAP_SERVERS": "k:9"})
+    nothing = Settings.from_env({"KEYLANE_KAFKA_STATE": str(tmp_path / "none")})
+
+    assert (found.bootstrap_servers, found.replication_factor) == ("127.0.0.1:40123", 3)
+    assert found.bootstrap_source == f"from {tmp_path / 'keylane.env'}"
+    assert (named.bootstrap_servers, named.bootstrap_source) == ("k:9", "KEYLANE_BOOTSTRAP_SERVERS")
+    assert (nothing.bootstrap_servers, nothing.bootstrap_source) == ("127.0.0.1:9092", "the default")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"KEYLANE_BOOTSTRAP_SERVERS": "127.0.0.1:99999"},
+            "bootstrap servers '127.0.0.1:99999' (KEYLANE_BOOTSTRAP_SERVERS) are not host:port[,host:port] "
+            "with ports 1-65535; set KEYLANE_BOOTSTRAP_SERVERS or --bootstrap-servers, e.g. 127.0.0.1:9092",
+        ),
+        (
+            {"KEYLANE_LOG_LEVEL": "loud"},
+            "KEYLANE_LOG_LEVEL='loud' is not a log level; use one of debug, info, warning, error, critical",
+        ),
+        (
+            {"KEYLANE_METRICS_PORT": "abc"},
+            "KEYLANE_METRICS_PORT='abc' is not a whole number; set it to one, e.g. KEYLANE_METRICS_PORT=9464",
+        ),
+        (
+            {"KEYLANE_METRICS_PORT": "70000"},
+            "KEYLANE_METRICS_PORT=70000 is not a port; use 1-65535, or 0 to disable /metrics",
+        ),
+        (
+            {"KEYLANE_METRICS_HOST": "local host"},
+            "KEYLANE_METRICS_HOST='local host' is not an address to listen on; use e.g. 0.0.0.0 "
+            "(every interface) or 127.0.0.1",
+        ),
+    ],
+)
+def test_a_bad_value_is_one_line_saying_what_to_set(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env(env)
+
+    assert str(refused.value) == message
 
 
 def test_group_instance_id_makes_the_consumer_a_static_member(monkeypatch: pytest.MonkeyPatch) -> None:

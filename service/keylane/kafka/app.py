@@ -50,7 +50,9 @@ def faust_broker_url(settings: Settings) -> str:
     return ";".join(f"kafka://{server}" for server in settings.bootstrap_list)
 
 
-def build_app(settings: Settings, catalog: Catalog, *, partitions: int | None = None) -> faust.App:
+def build_app(
+    settings: Settings, catalog: Catalog, *, partitions: int | None = None, client_id: str = "keylane"
+) -> faust.App:
     """A Faust app whose internal topics match the catalog's co-partitioning.
 
     Faust creates changelog topics with ``topic_partitions`` partitions and writes a table
@@ -66,12 +68,16 @@ def build_app(settings: Settings, catalog: Catalog, *, partitions: int | None = 
     dead broker, waiting until every broker knows the topic), with agent.events'
     replication factor and ``min.insync.replicas``; the leader topic, which keylane does not
     use, is not created at all.
+
+    ``client_id`` is the Kafka client id of the app's consumer and producer: a worker's names
+    its agent (service/keylane/kafka/group_identity.py).
     """
     co_partitions = partitions or catalog[EVENTS].partitions
     replication = catalog[EVENTS]  # changelogs replicate like the topics they mirror
     app = faust.App(
         settings.app_id,
         broker=faust_broker_url(settings),
+        broker_client_id=client_id,
         store="rocksdb://",  # runs on rocksdict when it is installed; "rocksdict://" is broken
         datadir=str(settings.data_dir),
         topic_partitions=co_partitions,
@@ -94,6 +100,7 @@ def build_app(settings: Settings, catalog: Catalog, *, partitions: int | None = 
     app.conf.topic_replication_factor = replication.replication_factor
     app.conf.topic_allow_declare = False
     app.conf.topic_disable_leader = True
+    app.conf.broker_client_id = client_id  # BROKER_CLIENT_ID would hide the agent from the group check
     # Likewise PRODUCER_MAX_REQUEST_SIZE / PRODUCER_REQUEST_TIMEOUT: the size checks and the
     # delivery confirmation (service/keylane/kafka/delivery.py) are computed from these two.
     app.conf.producer_max_request_size = max_request_bytes(catalog)

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from aiokafka import AIOKafkaProducer
 
 from keylane.config import Settings
-from keylane.errors import BrokerUnavailable
+from keylane.kafka.topic_admin import broker_unreachable
 
 
 @asynccontextmanager
@@ -21,9 +21,7 @@ async def producer(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
         await client.start()
     except Exception as exc:
         await client.stop()
-        raise BrokerUnavailable(
-            f"cannot reach Kafka at {settings.bootstrap_servers}; check KEYLANE_BOOTSTRAP_SERVERS"
-        ) from exc
+        raise broker_unreachable(settings, exc) from exc
     try:
         yield client
     finally:

@@ -87,6 +87,16 @@ class ApplyResult:
         return bool(self.created or self.reconfigured)
 
 
+def broker_unreachable(settings: Settings, exc: BaseException) -> BrokerUnavailable:
+    """The one way every command says that no broker answered: where the address came from
+    and what to do."""
+    return BrokerUnavailable(
+        f"cannot reach Kafka at {settings.bootstrap_servers} ({settings.bootstrap_source}; "
+        f"{type(exc).__name__}); start a local one with 'make run' or 'make broker', or set "
+        "KEYLANE_BOOTSTRAP_SERVERS / --bootstrap-servers to a running cluster"
+    )
+
+
 @asynccontextmanager
 async def admin_client(settings: Settings) -> AsyncIterator[AIOKafkaAdminClient]:
     """An admin client connected to the settings' bootstrap servers, closed on exit."""
@@ -99,17 +109,14 @@ async def admin_client(settings: Settings) -> AsyncIterator[AIOKafkaAdminClient]
         await asyncio.wait_for(client.start(), timeout=CONNECT_TIMEOUT_S)
     except (KafkaConnectionError, KafkaError, OSError, TimeoutError) as exc:
         await client.close()
-        raise BrokerUnavailable(
-            f"cannot reach Kafka at {settings.bootstrap_servers} ({type(exc).__name__}); start one with "
-            "'make broker' or point KEYLANE_BOOTSTRAP_SERVERS / --bootstrap-servers at a running cluster"
-        ) from exc
+        raise broker_unreachable(settings, exc) from exc
     try:
         yield client
     finally:
         await client.close()
 
 
-async def _retry(call: Callable[[], Awaitable[_T]], *, timeout_s: float = RETRY_S) -> _T:
+async def retry_retriable(call: Callable[[], Awaitable[_T]], *, timeout_s: float = RETRY_S) -> _T:
     """Run an admin request again while it fails with a retriable Kafka error, for up to
     ``timeout_s``. A broker that was just killed stays in the cluster metadata until the
     controller fences it, and a request the admin client sends it fails at once
@@ -128,7 +135,7 @@ async def _retry(call: Callable[[], Awaitable[_T]], *, timeout_s: float = RETRY_
 async def inspect_catalog(client: AIOKafkaAdminClient, catalog: Catalog) -> list[TopicReport]:
     """Describe every catalog topic on the broker and list how each differs."""
     specs = list(catalog)
-    described = await _retry(lambda: client.describe_topics([s.name for s in specs]))
+    described = await retry_retriable(lambda: client.describe_topics([s.name for s in specs]))
     by_name: dict[str, dict[str, Any]] = {d["topic"]: d for d in described}
     present = [s for s in specs if by_name.get(s.name, {}).get("error_code") == 0]
     configs = await _topic_configs(client, [s.name for s in present])
@@ -175,7 +182,7 @@ async def wait_until_every_broker_knows(
     changelog has 0 partitions"). On one broker the window is too short to see; on three it
     is not. A broker that cannot be reached is skipped: it serves nobody stale answers.
     """
-    brokers = [b["node_id"] for b in (await _retry(client.describe_cluster))["brokers"]]
+    brokers = [b["node_id"] for b in (await retry_retriable(client.describe_cluster))["brokers"]]
     inner = client._client  # the public admin API asks one broker; this asks each
     deadline = time.monotonic() + timeout_s
     while True:
@@ -211,14 +218,14 @@ async def ensure_topic(
     blob the runtime allows, and one without min.insync.replicas takes writes on one replica.
     Its partitions and replication factor are never changed.
     """
-    described = await _retry(lambda: client.describe_topics([name]))
+    described = await retry_retriable(lambda: client.describe_topics([name]))
     created = False
     if any(d["topic"] == name and d["error_code"] == 0 for d in described):
         current = (await _topic_configs(client, [name])).get(name, {})
         drift = {k: (current.get(k), v) for k, v in configs.items() if current.get(k) != v}
         if drift:
             wanted = [ConfigResource(ConfigResourceType.TOPIC, name, configs)]
-            responses = await _retry(lambda: client.alter_configs(wanted))
+            responses = await retry_retriable(lambda: client.alter_configs(wanted))
             for response in responses:
                 for code, message, *_ in response.resources:
                     if code != 0:
@@ -226,7 +233,7 @@ async def ensure_topic(
             log.info("updated configs of %s (was, now): %s", name, drift)
     else:
         new = [NewTopic(name, partitions, replication_factor, topic_configs=configs)]
-        response = await _retry(lambda: client.create_topics(new))
+        response = await retry_retriable(lambda: client.create_topics(new))
         for _name, code, message in response.topic_errors:
             if code not in (0, _TOPIC_EXISTS):  # another worker may have created it a moment ago
                 raise TopicDrift(f"creating topic {name} failed: {message or code}")
@@ -244,14 +251,14 @@ async def ensure_topic(
 
 async def broker_count(client: AIOKafkaAdminClient) -> int:
     """How many brokers the cluster's metadata lists."""
-    return len((await _retry(client.describe_cluster))["brokers"])
+    return len((await retry_retriable(client.describe_cluster))["brokers"])
 
 
 async def _topic_configs(client: AIOKafkaAdminClient, names: list[str]) -> dict[str, dict[str, str]]:
     if not names:
         return {}
     resources = [ConfigResource(ConfigResourceType.TOPIC, n) for n in names]
-    responses = await _retry(lambda: client.describe_configs(resources))
+    responses = await retry_retriable(lambda: client.describe_configs(resources))
     result: dict[str, dict[str, str]] = {}
     for response in responses:
         for error_code, _msg, _type, name, entries in response.resources:
@@ -294,7 +301,7 @@ async def apply_catalog(client: AIOKafkaAdminClient, catalog: Catalog) -> ApplyR
             NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.broker_configs())
             for s in missing
         ]
-        response = await _retry(lambda: client.create_topics(new_topics))
+        response = await retry_retriable(lambda: client.create_topics(new_topics))
         for name, code, message in response.topic_errors:
             if code not in (0, _TOPIC_EXISTS):
                 raise TopicDrift(f"creating topic {name} failed: {message or code}")
@@ -316,7 +323,7 @@ async def apply_catalog(client: AIOKafkaAdminClient, catalog: Catalog) -> ApplyR
                 wanted = [
                     ConfigResource(ConfigResourceType.TOPIC, report.spec.name, report.spec.broker_configs())
                 ]
-                responses = await _retry(lambda: client.alter_configs(wanted))  # noqa: B023 - awaited here
+                responses = await retry_retriable(lambda: client.alter_configs(wanted))  # noqa: B023 - awaited here
                 for response in responses:
                     for code, message, *_ in response.resources:
                         if code != 0:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from keylane.config import Settings
-from keylane.kafka.topic_admin import admin_client
+from keylane.kafka.topic_admin import admin_client, broker_unreachable
 from keylane.records import ID_HEADER
 
 
@@ -44,7 +44,11 @@ async def read_to_end(settings: Settings, topic: str, *, timeout_s: float = 30.0
     consumer = AIOKafkaConsumer(
         bootstrap_servers=settings.bootstrap_list, enable_auto_commit=False, auto_offset_reset="earliest"
     )
-    await consumer.start()
+    try:
+        await consumer.start()
+    except Exception as exc:  # aiokafka's start raises several types for one cause: no broker
+        await consumer.stop()
+        raise broker_unreachable(settings, exc) from exc
     try:
         partitions = [TopicPartition(topic, p) for p in await partition_ids(settings, topic)]
         consumer.assign(partitions)

@@ -17,6 +17,7 @@ from keylane.core.activation import KeyRuntime
 from keylane.errors import ConfigError, TopicDrift
 from keylane.kafka.app import App, build_app, changelog_record_limit, readiness, run
 from keylane.kafka.delivery import delivery_guard
+from keylane.kafka.group_identity import refuse_foreign_agent, worker_client_id
 from keylane.kafka.topic_admin import admin_client, inspect_catalog
 from keylane.llm.errors import PROVIDER_ERRORS, RETRIABLE_ERRORS
 from keylane.llm.provider_config import parse_provider_url
@@ -52,17 +53,18 @@ async def verify_topics(settings: Settings, catalog: Catalog) -> None:
             )
 
 
-def serve_metrics(port: int, *, healthy: Check, ready: Check) -> MetricsServer:
-    """Serve /metrics, /healthz and /readyz on 0.0.0.0:port from daemon threads
-    (service/keylane/stages/health.py); ConfigError, one line, when the port is taken."""
+def serve_metrics(port: int, *, healthy: Check, ready: Check, host: str = "0.0.0.0") -> MetricsServer:  # noqa: S104
+    """Serve /metrics, /healthz and /readyz on host:port (KEYLANE_METRICS_HOST, every interface
+    by default) from daemon threads (service/keylane/stages/health.py); ConfigError, one line,
+    when the port is taken or the address is not this machine's."""
     try:
-        server = MetricsServer(port, healthy=healthy, ready=ready)
+        server = MetricsServer(port, healthy=healthy, ready=ready, host=host)
     except OSError as exc:
         raise ConfigError(
-            f"cannot serve /metrics on port {port} ({exc.strerror}); set KEYLANE_METRICS_PORT to a free "
-            "port, or 0 to disable it"
+            f"cannot serve /metrics on {host}:{port} ({exc.strerror}); set KEYLANE_METRICS_PORT to a free "
+            "port (0 disables it) and KEYLANE_METRICS_HOST to an address of this machine"
         ) from exc
-    log.info("metrics on http://0.0.0.0:%s/metrics, health on /healthz and /readyz", port)
+    log.info("metrics on http://%s:%s/metrics, health on /healthz and /readyz", host, port)
     return server.start()
 
 
@@ -79,7 +81,8 @@ def run_worker(settings: Settings, catalog: Catalog, *, agent_ref: str, config_r
     agent, config = load_agent(agent_ref, config_ref)
     provider = provider_from_url(settings.provider) if settings.provider else None
     asyncio.run(verify_topics(settings, catalog))
-    app = build_app(settings, catalog)
+    asyncio.run(refuse_foreign_agent(settings, agent_ref))
+    app = build_app(settings, catalog, client_id=worker_client_id(agent_ref))
     runtime = KeyRuntime(
         agent,
         config,
@@ -127,7 +130,9 @@ def run_effector(
     effector_settings = settings.with_overrides(
         app_id=f"{settings.app_id}-effector", data_dir=Path(settings.data_dir) / "effector"
     )
-    app = build_app(effector_settings, catalog, partitions=catalog[INTENTS].partitions)
+    app = build_app(
+        effector_settings, catalog, partitions=catalog[INTENTS].partitions, client_id="keylane-effector"
+    )
     Effector(
         app,
         catalog,
@@ -154,7 +159,12 @@ def _run(app: App, settings: Settings, *, role: str, app_id: str) -> int:
     metrics.zero_fixed_labels()
     heartbeat = Heartbeat()
     if settings.metrics_port:
-        serve_metrics(settings.metrics_port, healthy=heartbeat.problem, ready=readiness(app).not_ready)
+        serve_metrics(
+            settings.metrics_port,
+            healthy=heartbeat.problem,
+            ready=readiness(app).not_ready,
+            host=settings.metrics_host,
+        )
     try:
         run(app, loglevel=settings.log_level.upper(), on_loop=heartbeat.start)
     except SystemExit as exc:

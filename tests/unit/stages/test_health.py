@@ -145,6 +145,6 @@ def test_a_taken_port_is_one_line_naming_the_setting() -> None:
             serve_metrics(port, healthy=lambda: None, ready=lambda: None)
 
     assert str(refused.value) == (
-        f"cannot serve /metrics on port {port} (Address already in use); set KEYLANE_METRICS_PORT "
-        "to a free port, or 0 to disable it"
+        f"cannot serve /metrics on 0.0.0.0:{port} (Address already in use); set KEYLANE_METRICS_PORT "
+        "to a free port (0 disables it) and KEYLANE_METRICS_HOST to an address of this machine"
     )
