@@ -1,6 +1,7 @@
 """Record formats on keylane's topics: versioned JSON, decoded strictly.
 
-Every record value carries ``"v"`` (its schema version). A value that is not JSON, does
+A record value's ``"v"`` is its schema version; absent, it is 1 (every record type omits its
+defaults, ``v`` too, when it encodes). A value that is not JSON, does
 not match its schema, or names a version this build does not know raises
 :class:`MalformedRecord`, which the worker turns into a ``malformed_record`` on
 agent.errors with the raw bytes; it never crashes the worker and is never retried.
@@ -20,6 +21,9 @@ import msgspec
 from keylane.errors import KeylaneError
 
 SCHEMA_VERSION = 1
+"""The version this build reads and writes. A record without ``v`` is read as this version,
+which docs/runtime.md promises is 1: a later version must make ``v`` required before it
+moves this number."""
 
 ToolStatus = Literal["OK", "ERROR", "EXPIRED", "REJECTED"]
 TimerKind = Literal["hitl", "ttl"]

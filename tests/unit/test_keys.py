@@ -133,3 +133,9 @@ def test_reshard_is_deterministic_for_a_redelivered_record() -> None:
 def test_reshard_refuses_a_record_it_cannot_read(key: bytes | None, value: bytes | None, detail: str) -> None:
     with pytest.raises(MalformedRecord, match=detail):
         ShardKeys(4).reshard(key, value)
+
+
+def test_a_record_without_v_is_version_1_as_keylane_writes_its_own() -> None:
+    assert b'"v"' not in encode(AgentEnvelope(payload="x"))  # omitted as the default
+    assert decode(b'{"payload":"x"}', AgentEnvelope).v == 1
+    assert decode(b'{"v":1,"payload":"x"}', AgentEnvelope) == decode(b'{"payload":"x"}', AgentEnvelope)

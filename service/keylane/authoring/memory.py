@@ -1,7 +1,10 @@
 """The Memory facade: a key's working memory as an agent sees it during one activation.
 
 Writes are staged on a copy; the runtime commits them only when the activation succeeds.
-Values are anything msgpack encodes (None, bool, int, float, str, bytes, lists, dicts).
+Values are what comes back as written: None, bool, int, float, str, bytes, and lists and
+dicts (str or int keys) of those; a tuple is stored as a list. Anything else (a set, a
+datetime, a dataclass) is refused with TypeError at the write: msgpack would store a set as
+a list, or fail only at the commit, far from the line that wrote it.
 
 Size is the sum of encoded keys and values. Two caps, per key:
 
@@ -97,6 +100,7 @@ class Memory:
 
     def set(self, key: str, value: Any) -> None:
         """Store ``value`` under ``key``, replacing a scalar or a ring."""
+        _check_storable(key, value)
         self._write(key, MemoryEntry(value=value, ring=False, last_access_ms=self._now_ms))
 
     def delete(self, key: str) -> None:
@@ -111,6 +115,7 @@ class Memory:
         entry = self._entries.get(key)
         if entry is not None and not entry.ring:
             raise TypeError(f"memory key {key!r} holds a scalar; append needs a ring")
+        _check_storable(key, item)
         items = [*(entry.value if entry else []), item]
         items = items[-max_items:] if max_items > 0 else []
         self._write(key, MemoryEntry(value=items, ring=True, last_access_ms=self._now_ms))
@@ -191,3 +196,33 @@ _CELL_OVERHEAD_BYTES = 16  # the cell's "entries" name and map headers
 
 def _key_size(key: str) -> int:
     return len(key.encode())
+
+
+_SCALARS = (type(None), bool, int, float, str, bytes)
+
+
+def _check_storable(key: str, value: Any) -> None:
+    """TypeError, naming the memory key and the type, unless ``value`` reads back as written."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, int) and not -(2**63) <= item < 2**64:
+            raise TypeError(f"memory key {key!r}: {item} does not fit 64 bits; store it as a str")
+        if isinstance(item, _SCALARS):
+            continue
+        if isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            for name, inner in item.items():
+                if not isinstance(name, str | int) or isinstance(name, bool):
+                    raise TypeError(
+                        f"memory key {key!r}: a dict key of type {type(name).__name__} cannot be stored; "
+                        "use str or int keys"
+                    )
+                stack.append(inner)
+        else:
+            hint = "a sorted list" if isinstance(item, set | frozenset) else "its fields as a dict"
+            raise TypeError(
+                f"memory key {key!r}: a value of type {type(item).__name__} cannot be stored (store {hint}); "
+                "memory holds None, bool, int, float, str, bytes, and lists and dicts of them"
+            )

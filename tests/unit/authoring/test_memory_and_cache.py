@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 import msgspec
@@ -43,6 +44,50 @@ def test_get_set_delete_on_scalars() -> None:
     assert mem.get("profile") is None
     assert list(mem.keys()) == ["name"]
     assert mem.total_bytes == size_of("name", "grace")
+
+
+def test_what_memory_holds_comes_back_as_written_after_the_commit() -> None:
+    value = {
+        "none": None,
+        "flag": True,
+        "n": -(2**63),
+        "x": 1.5,
+        "s": "é",
+        "b": b"\x00",
+        "l": [1, {"2": [3]}],
+    }
+    mem = memory()
+    mem.set("v", value)
+    mem.append("r", {7: "seven"})
+
+    committed = msgspec.msgpack.decode(msgspec.msgpack.encode(mem.to_blob()), type=MemoryBlob)
+    again = Memory(committed, now_ms=NOW)
+
+    assert again.get("v") == value
+    assert again.ring("r") == ({7: "seven"},)
+
+
+@pytest.mark.parametrize(
+    ("value", "refusal"),
+    [
+        ({"a", "b"}, "a value of type set cannot be stored (store a sorted list)"),
+        ({"ids": frozenset({1})}, "a value of type frozenset cannot be stored (store a sorted list)"),
+        ([object()], "a value of type object cannot be stored (store its fields as a dict)"),
+        ({(1, 2): "pair"}, "a dict key of type tuple cannot be stored; use str or int keys"),
+        (2**64, "does not fit 64 bits; store it as a str"),
+    ],
+    ids=["set", "nested-frozenset", "object", "tuple-key", "big-int"],
+)
+def test_a_value_that_would_not_come_back_as_written_is_refused_at_the_write(
+    value: Any, refusal: str
+) -> None:
+    mem = memory()
+
+    with pytest.raises(TypeError, match=f"^memory key 'k': .*{re.escape(refusal)}"):
+        mem.set("k", value)
+    with pytest.raises(TypeError, match=re.escape(refusal)):
+        mem.append("k", value)
+    assert list(mem.keys()) == [] and not mem.dirty
 
 
 def test_append_builds_a_ring_that_keeps_the_newest_max_items() -> None:
