@@ -142,13 +142,22 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="approve (or --deny) a pending approval request",
         description="Publish a decision on agent.approvals under the request's physical key; it "
-        "resumes the suspended agent if it arrives before the deadline.",
+        "resumes the suspended agent if it arrives before the deadline. It first reads "
+        "agent.approval-requests and agent.approvals, and refuses (exit 1, one line saying why) "
+        "when no request for the intent waits on that key: none was made, it was made under "
+        "another key, it was decided already, or its deadline passed.",
     )
     approve.add_argument("--key", required=True, help="the physical key from the request (e.g. customer-7#2)")
     approve.add_argument("--intent", required=True, metavar="ID", help="the request's intent id")
     approve.add_argument("--deny", action="store_true", help="deny instead of approve")
     approve.add_argument("--approver", required=True, metavar="NAME", help="who decided")
     approve.add_argument("--reason", metavar="TEXT", help="why, for the record")
+    approve.add_argument(
+        "--force",
+        action="store_true",
+        help="send the decision without checking that its request is waiting (a decision that "
+        "resumes nothing becomes an orphaned_result on agent.errors, or is ignored)",
+    )
     approve.set_defaults(handler=_approve)
 
     approvals = commands.add_parser("approvals", help="list approval requests")
@@ -159,9 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
         "list",
         parents=[common],
         help="pending approval requests with their deadlines",
-        description="Read agent.approval-requests and agent.approvals; print the requests still waiting.",
+        description="Read agent.approval-requests and agent.approvals; print the requests still waiting, "
+        "or with --all every request with the outcome its agent saw: the first decision sent before "
+        "the deadline decides, later and late ones are ignored (the note column says which).",
     )
     listing.add_argument("--all", action="store_true", help="also show decided and expired requests")
+    listing.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per request (key, intent_id, status, decision, notes, ...) instead",
+    )
     listing.set_defaults(handler=_approvals_list)
     return parser
 
@@ -261,42 +277,59 @@ def _effector(args: argparse.Namespace) -> int:
 
 
 def _approve(args: argparse.Namespace) -> int:
-    from keylane.approvals import send_approval
+    from keylane.approvals import check_waiting, send_approval, span
 
     settings = _settings(args)
+    catalog = _catalog(settings)
     if not args.key.strip() or not args.intent.strip() or not args.approver.strip():
         raise ConfigError("--key, --intent and --approver must not be empty")
-    approval = asyncio.run(
-        send_approval(
+
+    async def run() -> str:
+        due = ""
+        if not args.force:
+            now_ms = time.time_ns() // 1_000_000
+            view = await check_waiting(settings, catalog, key=args.key, intent_id=args.intent, now_ms=now_ms)
+            due = f", {span(view.request.deadline_ms - now_ms)} before its deadline"
+        approval = await send_approval(
             settings,
-            _catalog(settings),
+            catalog,
             key=args.key,
             intent_id=args.intent,
             approved=not args.deny,
             approver=args.approver,
             reason=args.reason,
         )
-    )
-    verdict = "approved" if approval.approved else "denied"
-    signed = f", signed with key {approval.key_id}" if approval.key_id else ""
-    print(f"{verdict} {approval.intent_id} for {approval.entity_key} by {approval.approver}{signed}")
+        verdict = "approved" if approval.approved else "denied"
+        signed = f", signed with key {approval.key_id}" if approval.key_id else ""
+        return f"{verdict} {approval.intent_id} for {approval.entity_key} by {approval.approver}{signed}{due}"
+
+    print(asyncio.run(run()))
     return EXIT_OK
 
 
 def _approvals_list(args: argparse.Namespace) -> int:
+    import json
+
     from keylane.approvals import approval_requests
 
     settings = _settings(args)
     now_ms = time.time_ns() // 1_000_000
     views = asyncio.run(approval_requests(settings, _catalog(settings), now_ms=now_ms))
     shown = [v for v in views if args.all or v.status == "pending"]
-    print(f"{'key':<28} {'intent':<36} {'channel':<12} {'status':<8} {'deadline (UTC)':<20} args")
-    for view in shown:
+    if args.json:
+        for view in shown:
+            print(json.dumps(view.to_json()))
+        return EXIT_OK
+    notes = ["; ".join(v.notes) for v in shown]
+    width = max([4, *map(len, notes)])
+    heading = f"{'key':<28} {'intent':<36} {'channel':<12} {'status':<8} {'deadline (UTC)':<20}"
+    print(f"{heading} {'note':<{width}} args")
+    for view, note in zip(shown, notes, strict=True):
         request = view.request
         deadline = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(request.deadline_ms / 1000))
         print(
             f"{request.entity_key:<28} {request.intent_id:<36} {request.channel:<12} {view.status:<8} "
-            f"{deadline:<20} {request.args_json}"
+            f"{deadline:<20} {note:<{width}} {request.args_json}"
         )
     print(f"{sum(v.status == 'pending' for v in views)} pending of {len(views)} requests")
     return EXIT_OK
