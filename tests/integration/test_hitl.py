@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -160,3 +162,88 @@ async def test_a_deadline_survives_kill_9_and_fires_once(
 
     assert {r.record_id for r in outputs} == {outputs[0].record_id}, "one fallback, however often it was sent"
     assert outputs[0].value == b"__hitl_timeout__"
+
+
+def refused(result: subprocess.CompletedProcess[str]) -> str:
+    """The one line a refused `keylane` command printed: exit 1, nothing on stdout, no traceback."""
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    assert (result.returncode, result.stdout) == (1, ""), result
+    [line] = result.stderr.splitlines()
+    return line
+
+
+async def test_approve_refuses_what_resumes_nothing_and_the_list_shows_what_the_agent_saw(
+    settings: Settings, catalog: Catalog, tmp_path: Path
+) -> None:
+    """Issue 22: a wrong intent, a wrong key, a decided request and a timed-out one are each
+    refused in one line; --force sends anyway; `approvals list --all` shows the first decision
+    before the deadline, not the last one sent."""
+    env = process_env(settings, HITL_WAIT_MS="3000")
+    with running(KeylaneProcess(AGENT, env, tmp_path / "worker.log")):
+        keys = ["approve-1", "late-1"]  # approve-1 waits two minutes, late-1 three seconds
+        await produce(
+            settings, catalog.name(EVENTS), [(k.encode(), encode(AgentEnvelope(payload=k))) for k in keys]
+        )
+        requests = await requests_for(settings, catalog, len(keys))
+        asked, late = requests["approve-1"].intent_id, requests["late-1"].intent_id
+
+        def approve(key: str, intent: str, *args: str) -> subprocess.CompletedProcess[str]:
+            return keylane(settings, "approve", "--key", key, "--intent", intent, *args)
+
+        assert refused(approve("approve-1", "not-a-uuid", "--approver", "me")) == (
+            "keylane: no approval request for intent not-a-uuid on key approve-1; 'keylane approvals "
+            "list' shows the waiting ones, --force sends the decision anyway"
+        )
+        assert refused(approve("approve-2", asked, "--approver", "me")).startswith(
+            f"keylane: intent {asked} was requested on key approve-1, not approve-2: run again with "
+            "--key approve-1"
+        )
+        approved = approve("approve-1", asked, "--approver", "ann")
+        assert approved.returncode == 0, approved.stderr
+        assert approved.stdout.startswith(f"approved {asked} for approve-1 by ann, ")
+        assert approved.stdout.rstrip().endswith("before its deadline")
+        again = refused(approve("approve-1", asked, "--approver", "bob", "--deny"))
+        assert again.startswith(f"keylane: request {asked} on key approve-1 was already approved by ann at ")
+        forced = approve("approve-1", asked, "--approver", "bob", "--deny", "--force")
+        assert (forced.returncode, forced.stdout) == (0, f"denied {asked} for approve-1 by bob\n"), forced
+
+        outputs = await wait_for_records(settings, catalog.name(OUTPUT), lambda rs: len(rs) >= 2)
+        timed_out = refused(approve("late-1", late, "--approver", "carl"))
+        assert timed_out.startswith(f"keylane: the deadline of request {late} on key late-1 passed at ")
+        assert timed_out.endswith(
+            "the agent already took its timeout path (its HITL policy), so this decision would be "
+            "ignored; --force sends the decision anyway"
+        )
+        assert approve("late-1", late, "--approver", "carl", "--force").returncode == 0
+        errors = await wait_for_records(settings, catalog.name(ERRORS), lambda rs: len(rs) >= 1)
+
+        listed = keylane(settings, "approvals", "list", "--all")
+        as_json = keylane(settings, "approvals", "list", "--all", "--json")
+
+    assert by_key(outputs) == {b"approve-1": [b"approved by ann"], b"late-1": [b"__hitl_timeout__"]}
+    [orphan] = [decode(r.value, ErrorRecord) for r in errors]
+    assert (orphan.reason, orphan.detail, orphan.intent_id) == ("orphaned_result", "no_continuation", late)
+
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:-1]}
+    assert rows["approve-1"].split()[3] == "approved"
+    assert "by ann; later denial by bob ignored" in rows["approve-1"]
+    assert rows["late-1"].split()[3] == "expired"
+    assert re.search(r"approved by carl [\d.]+ s after the deadline: ignored", rows["late-1"])
+    assert listed.stdout.splitlines()[-1] == "0 pending of 2 requests"
+
+    assert as_json.returncode == 0, as_json.stderr
+    shown = {o["key"]: o for o in map(json.loads, as_json.stdout.splitlines())}
+    assert shown["approve-1"]["status"] == "approved"
+    assert shown["approve-1"]["decision"]["approver"] == "ann"
+    assert shown["approve-1"]["notes"] == ["by ann", "later denial by bob ignored"]
+    assert (shown["late-1"]["status"], shown["late-1"]["decision"]) == ("expired", None)
+
+
+def test_approve_without_the_topics_says_how_to_create_them(settings: Settings) -> None:
+    result = keylane(settings, "approve", "--key", "k", "--intent", "i", "--approver", "me")
+
+    assert refused(result) == (
+        f"keylane: topic {settings.topic_prefix}agent.approval-requests does not exist: 'keylane topics "
+        "apply' creates it (or set the --topic-prefix / KEYLANE_TOPIC_PREFIX the agent runs with)"
+    )
