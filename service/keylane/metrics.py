@@ -17,9 +17,10 @@ re-published outbox record counts again, exactly like the record it adds to the 
 
 Labels are bounded: ``reason``, ``detail``, ``kind``, ``status``… come from fixed vocabularies
 (``zero_fixed_labels`` exports each value as 0 from start-up, so a ``rate()`` of them exists
-before the first event), ``topic`` from the catalog, ``partition`` from the topics' partition
-counts, ``error``/``error_type`` from exception classes, and the ``gen_ai_*`` labels from the
-provider and the model ids the agent's code asks for: never from ids, keys or payloads.
+before the first event), ``topic`` from the catalog (without the deployment's topic prefix:
+``topic_label``), ``partition`` from the topics' partition counts, ``error``/``error_type``
+from exception classes, and the ``gen_ai_*`` labels from the provider and the model ids the
+agent's code asks for: never from ids, keys or payloads.
 """
 
 from __future__ import annotations
@@ -338,6 +339,24 @@ def zero(counter: Counter, values: Iterable[str]) -> None:
         counter.labels(value)
 
 
+_topic_prefix = ""
+
+
 def set_info(*, role: str, app_id: str, topic_prefix: str, version: str) -> None:
     """``keylane_info{role, app_id, topic_prefix, version} 1`` for this process."""
     INFO.labels(role, app_id, topic_prefix, version).set(1)
+
+
+def use_topic_prefix(prefix: str) -> None:
+    """Leave ``prefix`` out of every ``topic`` label from now on (see ``topic_label``); the app
+    sets it when it is built, before any stage exports a topic's series."""
+    global _topic_prefix
+    _topic_prefix = prefix
+
+
+def topic_label(topic: str) -> str:
+    """A topic as its ``topic`` label shows it: without the process's topic prefix
+    (``agent.events``, whatever the deployment's prefix), as the catalog names it; the prefix
+    is ``keylane_info``'s ``topic_prefix``. Every metric labels its topics through this, so one
+    query matches every deployment and the labels of one process agree."""
+    return topic.removeprefix(_topic_prefix) if _topic_prefix else topic

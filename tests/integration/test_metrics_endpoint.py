@@ -127,12 +127,13 @@ async def test_worker_and_effector_serve_clean_metrics_health_readiness_and_lag(
         env,  # KEYLANE_METRICS_PORT=0 there: the flag wins, for the process and for its probe
         tmp_path / "effector.log",
     )
+    # Topic labels are the catalog's names, without the test's topic prefix.
     worker_inputs = {
-        (catalog.name(topic), str(p))
+        (topic, str(p))
         for topic in (EVENTS, RESULTS, APPROVALS, TIMERS)
         for p in range(catalog[topic].partitions)
     }
-    effector_inputs = {(catalog.name(INTENTS), str(p)) for p in range(catalog[INTENTS].partitions)}
+    effector_inputs = {(INTENTS, str(p)) for p in range(catalog[INTENTS].partitions)}
 
     try:
         seen = {
@@ -169,8 +170,8 @@ async def test_worker_and_effector_serve_clean_metrics_health_readiness_and_lag(
         )
 
         bodies = {
-            "worker": await lags_settle(worker_port, worker_inputs, catalog.name(EVENTS), len(events)),
-            "effector": await lags_settle(effector_port, effector_inputs, catalog.name(INTENTS), len(events)),
+            "worker": await lags_settle(worker_port, worker_inputs, EVENTS, len(events)),
+            "effector": await lags_settle(effector_port, effector_inputs, INTENTS, len(events)),
         }
         now = time.time()
         for role, body in bodies.items():
@@ -185,6 +186,8 @@ async def test_worker_and_effector_serve_clean_metrics_health_readiness_and_lag(
                     "version": keylane_version(),
                 }
             ]
+            topics = {dict(labels).get("topic") for (_, labels) in samples(body)} - {None}
+            assert not [t for t in topics if str(t).startswith(settings.topic_prefix)], (role, topics)
             inputs = worker_inputs if role == "worker" else effector_inputs
             assert set(by_partition(body, "keylane_consumer_committed_offset")) == inputs, role
             commits = by_partition(body, "keylane_consumer_last_commit_timestamp_seconds")

@@ -91,3 +91,14 @@ def test_the_exposition_passes_promtool_check_metrics() -> None:
     result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=60)
 
     assert (result.returncode, result.stdout + result.stderr) == (0, b"")
+
+
+def test_every_topic_label_leaves_the_prefix_out_as_the_catalog_names_the_topic() -> None:
+    metrics.use_topic_prefix("prod.")
+    try:
+        assert metrics.topic_label("prod.agent.events") == "agent.events"
+        assert metrics.topic_label("prod.keylane-state-changelog") == "keylane-state-changelog"
+        assert metrics.topic_label("other.agent.events") == "other.agent.events"
+    finally:
+        metrics.use_topic_prefix("")
+    assert metrics.topic_label("prod.agent.events") == "prod.agent.events"

@@ -235,10 +235,10 @@ class KeyRuntime:
                     last,
                     record.log_end,
                 )
-                metrics.STREAMS_RESTARTED.labels(record.topic).inc()
+                metrics.STREAMS_RESTARTED.labels(metrics.topic_label(record.topic)).inc()
                 state = forget_stream(state, record)
             else:
-                metrics.REDELIVERIES.labels(record.topic).inc()
+                metrics.REDELIVERIES.labels(metrics.topic_label(record.topic)).inc()
                 return Decision(_owned(state, record), republished(state, record))
 
         if isinstance(parsed, TimerFired):

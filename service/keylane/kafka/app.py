@@ -19,6 +19,7 @@ from faust.types import TP
 from mode import Signal
 from mode.utils.times import want_seconds
 
+from keylane import metrics
 from keylane.catalog import EVENTS, Catalog
 from keylane.config import Settings
 from keylane.kafka.delivery import delivery_guard
@@ -72,6 +73,7 @@ def build_app(
     ``client_id`` is the Kafka client id of the app's consumer and producer: a worker's names
     its agent (service/keylane/kafka/group_identity.py).
     """
+    metrics.use_topic_prefix(settings.topic_prefix)
     co_partitions = partitions or catalog[EVENTS].partitions
     replication = catalog[EVENTS]  # changelogs replicate like the topics they mirror
     app = faust.App(

@@ -116,4 +116,4 @@ class CommitSensor(faust.Sensor):
 
 
 def _labels(tp: TopicPartition) -> tuple[str, str]:
-    return tp[0], str(tp[1])
+    return metrics.topic_label(tp[0]), str(tp[1])

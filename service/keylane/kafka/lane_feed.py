@@ -79,7 +79,7 @@ async def _handle_or_dead_letter(event: Any, handle: Handle, on_poison: Poison |
                 message.offset,
                 POISON_ATTEMPTS,
             )
-            metrics.POISON_RECORDS.labels(message.topic).inc()
+            metrics.POISON_RECORDS.labels(metrics.topic_label(message.topic)).inc()
             await on_poison(event, exc)
 
 

@@ -319,7 +319,7 @@ class OffsetGuard:
                 now - quiet[1],
                 end,
             )
-            metrics.STALL_REREADS.labels(tp[0]).inc()
+            metrics.STALL_REREADS.labels(metrics.topic_label(tp[0])).inc()
             await self._seek(tp, first)
 
     async def _first_offset_from(self, tp: tuple[str, int], offset: int) -> int | None:
@@ -374,8 +374,8 @@ def guard_offsets(app: Any, topics: Iterable[str]) -> OffsetGuard:
         readiness(app).checks.append(guard.lag.stalled)
     topics = list(topics)
     guard.topics.update(topics)
-    metrics.zero(metrics.POISON_RECORDS, topics)
-    metrics.zero(metrics.STALL_REREADS, topics)
+    metrics.zero(metrics.POISON_RECORDS, map(metrics.topic_label, topics))
+    metrics.zero(metrics.STALL_REREADS, map(metrics.topic_label, topics))
     return guard
 
 
