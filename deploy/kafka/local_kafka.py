@@ -23,7 +23,10 @@ Replication follows what Kafka operators run: topics default to replication fact
 N >= 3 cluster survives one broker down without losing an acknowledged (acks=all) write.
 keylane also sets both on its own topics explicitly (KEYLANE_REPLICATION_FACTOR).
 
-``stop`` sends SIGTERM (a controlled shutdown), waits, then SIGKILLs what is left.
+``stop`` sends SIGTERM (a controlled shutdown), waits, then SIGKILLs what is left, and removes
+``cluster.json`` and ``keylane.env``: nothing in the state dir names a broker that is not
+running (the ``keylane`` command reads ``keylane.env`` when no address is exported). A start
+that fails or is interrupted removes them as well. The nodes' data stays.
 """
 
 from __future__ import annotations
@@ -385,6 +388,7 @@ def _start_once(state_dir: Path, libs: Path, nodes: int, base: int, quiet: bool)
         _wait_ready(cluster)
     except BaseException:
         _kill_nodes(started, quiet=True)
+        _forget_cluster(state_dir)
         raise
     if not quiet:
         print(f"kafka {KAFKA_VERSION}: {nodes} node(s) ready at {cluster.bootstrap} (data: {state_dir})")
@@ -480,6 +484,12 @@ def _write_cluster(cluster: Cluster) -> None:
     )
 
 
+def _forget_cluster(state_dir: Path) -> None:
+    """Remove what advertises the cluster (its address, its pids) once its nodes are stopped."""
+    for name in ("keylane.env", "cluster.json"):
+        (state_dir / name).unlink(missing_ok=True)
+
+
 def _wait_ready(cluster: Cluster) -> None:
     want = {n.node_id for n in cluster.nodes}
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -532,15 +542,17 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 
 def stop(state_dir: Path, quiet: bool = False) -> bool:
-    """Stop every node recorded under state_dir; True when something was running."""
+    """Stop every node recorded under state_dir and remove its cluster.json and keylane.env
+    (a keylane.env with no cluster.json beside it too); True when something was running."""
     cluster = read_cluster(state_dir.resolve())
     if cluster is None:
+        _forget_cluster(state_dir.resolve())  # an address nothing records as running
         if not quiet:
             print(f"no local kafka recorded in {state_dir}")
         return False
     was_running = any(_alive(n.pid) for n in cluster.nodes)
     _kill_nodes(cluster.nodes, quiet)
-    (Path(cluster.state_dir) / "cluster.json").unlink(missing_ok=True)
+    _forget_cluster(Path(cluster.state_dir))
     if not quiet:
         print(f"kafka stopped ({len(cluster.nodes)} node(s), data kept in {cluster.state_dir})")
     return was_running
