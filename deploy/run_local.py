@@ -8,12 +8,22 @@ jobs keylane-worker and keylane-effector, the rules in deploy/prometheus/rules/,
 <data dir>/prometheus/) on $KEYLANE_PROMETHEUS_PORT (default 9090, or a free port when 9090
 is taken; 0: no Prometheus); start the worker (examples/support_agent.py, or $KEYLANE_AGENT)
 and the effector, each logging to <data dir>/logs/ (copied to the screen, prefixed with its
-name); print where everything is once both are ready; wait. On Ctrl-C or SIGTERM the
-processes are stopped first, then Prometheus, then the broker, but only if this run started it.
+name); print where everything is once both are ready (and how to point the `keylane` command at this
+broker); wait. On Ctrl-C, SIGINT or SIGTERM the worker and the effector are stopped first
+(together), then Prometheus, then the broker, but only if this run started it; a second signal
+does not cut that short (each step ends in SIGKILL after its timeout).
+
+SIGINT is re-armed at start: a shell starts a background job (`make run > log &` in a script)
+with SIGINT ignored, and Python keeps it ignored. GNU make keeps ignoring it for itself, so
+`kill -INT <make's pid>` reaches nobody; the "keylane is running" block names this process's
+pid instead. The worker, the effector and Prometheus run in this process's group (Ctrl-C in a
+terminal reaches them too); the broker runs in its own session and only `local_kafka.stop`
+stops it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -40,6 +50,9 @@ EVALUATION_INTERVAL = "15s"
 
 
 def main() -> int:
+    # Before anything starts: a script's background job begins with SIGINT ignored (above).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     state_dir = Path(os.environ.get("KEYLANE_KAFKA_STATE", local_kafka.DEFAULT_STATE_DIR)).resolve()
     already_running = local_kafka.running_cluster(state_dir)
     try:
@@ -47,11 +60,14 @@ def main() -> int:
     except local_kafka.LauncherError as exc:
         print(f"make run: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # start() stops the nodes it launched when it is interrupted.
+        print("\nmake run: stopped while kafka was starting", flush=True)
+        return 0
     # The cluster's replication factor (3 on `make broker NODES=3`) unless the environment
     # names one: a reused 3-node cluster gets replicated topics without a manual step.
     env = {**local_kafka.keylane_env(cluster), **os.environ, "KEYLANE_BOOTSTRAP_SERVERS": cluster.bootstrap}
     env.setdefault("KEYLANE_DATA_DIR", str(state_dir.parent / ".keylane-data"))
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     agent = env.get("KEYLANE_AGENT", "examples.support_agent:agent")
     worker_metrics_port = env.get("KEYLANE_METRICS_PORT", "9464")
     effector_metrics_port = env.get("KEYLANE_EFFECTOR_METRICS_PORT", "9465")
@@ -86,8 +102,8 @@ def main() -> int:
         print("\nmake run: stopping", flush=True)
         return 0
     finally:
-        for process in processes.values():
-            process.stop(WORKER_STOP_TIMEOUT_S)
+        _hold_stop_signals()
+        _stop_together(list(processes.values()), WORKER_STOP_TIMEOUT_S)
         if prometheus is not None:
             prometheus.stop(PROMETHEUS_STOP_TIMEOUT_S)
         if already_running is None:
@@ -97,6 +113,29 @@ def main() -> int:
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def _hold_stop_signals() -> None:
+    """Let a second Ctrl-C or SIGTERM while stopping say so instead of cutting the stop short
+    (which would leave the broker, in its own session, running): every step is bounded."""
+
+    def still_stopping(signum: int, frame: object) -> None:
+        # os.write, not print: the handler may run in the middle of a print to stdout.
+        os.write(sys.stdout.fileno(), b"make run: still stopping (what does not stop in time is killed)\n")
+
+    signal.signal(signal.SIGINT, still_stopping)
+    signal.signal(signal.SIGTERM, still_stopping)
+
+
+def _stop_together(processes: list[KeylaneProcess], timeout_s: float) -> None:
+    """SIGTERM every started process at once, then wait for each (SIGKILL after ``timeout_s``):
+    their shutdowns overlap instead of adding up."""
+    for process in processes:
+        if process.proc is not None and process.running:
+            with contextlib.suppress(ProcessLookupError):
+                process.proc.send_signal(signal.SIGTERM)
+    for process in processes:
+        process.stop(timeout_s)
 
 
 def _start_prometheus(
@@ -162,11 +201,15 @@ def _pump(name: str, process: KeylaneProcess, lines: queue.Queue[tuple[str, byte
 
 def _where(bootstrap: str, state_dir: Path, env: dict[str, str], log_dir: Path, *, reused: bool) -> str:
     prefix = env.get("KEYLANE_TOPIC_PREFIX", "")
+    # What the `keylane` command needs to reach this run's topics (it defaults to 127.0.0.1:9092).
+    cli_env = f"KEYLANE_BOOTSTRAP_SERVERS={bootstrap}" + (f" KEYLANE_TOPIC_PREFIX={prefix}" if prefix else "")
     return "\n".join(
         [
             "",
             "keylane is running",
             f"  kafka      {bootstrap}{' (already running; left running on exit)' if reused else ''}",
+            f"  cli        export {cli_env} (for the keylane command; the address is also in "
+            f"{state_dir}/keylane.env)",
             f"  broker log {state_dir}/node-1/server.log",
             f"  state      {env['KEYLANE_DATA_DIR']}",
             f"  logs       {log_dir}/worker.log, {log_dir}/effector.log",
@@ -174,12 +217,14 @@ def _where(bootstrap: str, state_dir: Path, env: dict[str, str], log_dir: Path, 
             f"  metrics    http://127.0.0.1:{env.get('KEYLANE_METRICS_PORT', '9464')}/metrics (worker), "
             "http://127.0.0.1:{effector_metrics_port}/metrics (effector)",
             "  prometheus {prometheus}",
+            # murmur2, as keylane's own producers: the event lands in its key's partition at once
+            # instead of taking the worker's re-route hop (librdkafka's default is CRC32).
             f'  produce    echo \'customer-1|{{"v":1,"payload":"I want a refund"}}\' | '
-            f"kcat -b {bootstrap} -t {prefix}agent.events -P -K '|'",
+            f"kcat -b {bootstrap} -t {prefix}agent.events -P -K '|' -X partitioner=murmur2_random",
             f"  consume    kcat -b {bootstrap} -t {prefix}agent.output -C -K '|' -o beginning",
             f"  errors     kcat -b {bootstrap} -t {prefix}agent.errors -C -o beginning",
-            "  stop       Ctrl-C (stops the worker, the effector, Prometheus, and the broker if this run "
-            "started it)",
+            f"  stop       Ctrl-C, or kill -INT {os.getpid()} (stops the worker, the effector, Prometheus, "
+            "and the broker if this run started it)",
             "",
             "",
         ]
