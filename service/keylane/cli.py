@@ -31,12 +31,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
 
 
+def _subcommands(parser: _Parser, dest: str, metavar: str) -> argparse._SubParsersAction[_Parser]:
+    """``parser``'s subcommands, optional to argparse so that a stray option is reported as
+    itself ("unrecognized arguments: --bogus") rather than as a missing subcommand; a
+    missing one is reported by ``main`` through the parser left in ``choose_from``."""
+    subcommands = parser.add_subparsers(dest=dest, metavar=metavar, parser_class=_Parser)
+    parser.set_defaults(handler=None, choose_from=(parser, metavar, subcommands))
+    return subcommands
+
+
 def _connection_options() -> _Parser:
     common = _Parser(add_help=False)
     common.add_argument(
         "--bootstrap-servers",
         metavar="HOST:PORT[,...]",
-        help="Kafka bootstrap servers (env KEYLANE_BOOTSTRAP_SERVERS; default 127.0.0.1:9092)",
+        help="Kafka bootstrap servers (env KEYLANE_BOOTSTRAP_SERVERS; default: the broker 'make run' "
+        "or 'make broker' started, from .kafka-local/keylane.env, else 127.0.0.1:9092)",
     )
     common.add_argument(
         "--topic-prefix",
@@ -48,13 +58,20 @@ def _connection_options() -> _Parser:
 
 def _process_options() -> _Parser:
     process = _Parser(add_help=False)
-    process.add_argument("--app-id", help="Faust application id / consumer group (env KEYLANE_APP_ID)")
-    process.add_argument("--data-dir", help="directory for RocksDB tables (env KEYLANE_DATA_DIR)")
+    process.add_argument(
+        "--app-id",
+        help="Faust application id: consumer group and changelog names (env KEYLANE_APP_ID; default "
+        "keylane, after the topic prefix when there is one: prod.keylane)",
+    )
+    process.add_argument(
+        "--data-dir", help="directory for RocksDB tables (env KEYLANE_DATA_DIR; default .keylane-data)"
+    )
     process.add_argument(
         "--metrics-port",
         type=int,
         metavar="PORT",
-        help="port of the Prometheus /metrics endpoint, 0 disables it (env KEYLANE_METRICS_PORT)",
+        help="port of /metrics, /healthz and /readyz, 0 disables them (env KEYLANE_METRICS_PORT; "
+        "default 9464)",
     )
     return process
 
@@ -63,12 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The full command-line grammar; every subcommand has --help."""
     common = _connection_options()
     parser = _Parser(prog="keylane", description="A Kafka-native runtime for keyed LLM agents.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    commands = _subcommands(parser, "command", "COMMAND")
 
     topics = commands.add_parser("topics", help="create or check the topics in topics/catalog.toml")
-    topic_cmds = topics.add_subparsers(
-        dest="topics_command", required=True, metavar="ACTION", parser_class=_Parser
-    )
+    topic_cmds = _subcommands(topics, "topics_command", "ACTION")
     apply = topic_cmds.add_parser(
         "apply",
         parents=[common],
@@ -161,9 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     approve.set_defaults(handler=_approve)
 
     approvals = commands.add_parser("approvals", help="list approval requests")
-    approval_cmds = approvals.add_subparsers(
-        dest="approvals_command", required=True, metavar="ACTION", parser_class=_Parser
-    )
+    approval_cmds = _subcommands(approvals, "approvals_command", "ACTION")
     listing = approval_cmds.add_parser(
         "list",
         parents=[common],
@@ -338,6 +351,9 @@ def _approvals_list(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``keylane`` console script."""
     args = build_parser().parse_args(argv)
+    if args.handler is None:
+        parser, metavar, subcommands = args.choose_from
+        parser.error(f"missing {metavar}: one of {', '.join(subcommands.choices)}")
     if args.command in ("topics", "approve", "approvals"):
         # The admin client logs each failed connection attempt; the one-line error below
         # says the same thing with the fix, so keep its noise off the terminal.

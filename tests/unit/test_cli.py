@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +98,107 @@ def test_topics_list_shows_the_prefixed_catalog(capsys: pytest.CaptureFixture[st
     assert "prod.agent.events " in out
     assert "prod.agent.errors " in out
     assert len(out.strip().splitlines()) == 10
+
+
+UNREACHABLE = "127.0.0.1:1"
+CANNOT_REACH = (
+    f"keylane: cannot reach Kafka at {UNREACHABLE} (KEYLANE_BOOTSTRAP_SERVERS; KafkaConnectionError); "
+    "start a local one with 'make run' or 'make broker', or set KEYLANE_BOOTSTRAP_SERVERS / "
+    "--bootstrap-servers to a running cluster"
+)
+AGENT = ["worker", "--agent", "tests.agents.flow:remember"]
+
+
+def newcomer_env(tmp_path: Path, **variables: str) -> dict[str, str]:
+    """A shell with no broker named and no local broker's keylane.env, plus ``variables``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("KEYLANE_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS")
+    }
+    return {**env, "KEYLANE_KAFKA_STATE": str(tmp_path / "no-local-broker"), **variables}
+
+
+@pytest.mark.parametrize(
+    ("args", "variables", "line"),
+    [
+        (["--bogus"], {}, "keylane: unrecognized arguments: --bogus (see 'keylane --help')"),
+        (
+            [],
+            {},
+            "keylane: missing COMMAND: one of topics, worker, effector, approve, approvals "
+            "(see 'keylane --help')",
+        ),
+        (
+            ["topics"],
+            {},
+            "keylane topics: missing ACTION: one of apply, check, list (see 'keylane topics --help')",
+        ),
+        (["approvals", "list"], {"KEYLANE_BOOTSTRAP_SERVERS": UNREACHABLE}, CANNOT_REACH),
+        (["topics", "check"], {"KEYLANE_BOOTSTRAP_SERVERS": UNREACHABLE}, CANNOT_REACH),
+        (AGENT, {"KEYLANE_BOOTSTRAP_SERVERS": UNREACHABLE}, CANNOT_REACH),
+        (
+            ["approve", "--key", "k", "--intent", "i", "--approver", "me"],
+            {"KEYLANE_BOOTSTRAP_SERVERS": UNREACHABLE},
+            CANNOT_REACH,
+        ),
+        (
+            ["topics", "check"],
+            {"KEYLANE_BOOTSTRAP_SERVERS": "127.0.0.1:99999"},
+            "keylane: bootstrap servers '127.0.0.1:99999' (KEYLANE_BOOTSTRAP_SERVERS) are not "
+            "host:port[,host:port] with ports 1-65535; set KEYLANE_BOOTSTRAP_SERVERS or --bootstrap-servers, "
+            "e.g. 127.0.0.1:9092",
+        ),
+        (
+            AGENT,
+            {"KEYLANE_LOG_LEVEL": "loud"},
+            "keylane: KEYLANE_LOG_LEVEL='loud' is not a log level; "
+            "use one of debug, info, warning, error, critical",
+        ),
+        (
+            AGENT,
+            {"KEYLANE_METRICS_PORT": "abc"},
+            "keylane: KEYLANE_METRICS_PORT='abc' is not a whole number; "
+            "set it to one, e.g. KEYLANE_METRICS_PORT=9464",
+        ),
+        (
+            [*AGENT, "--metrics-port", "70000"],
+            {},
+            "keylane: KEYLANE_METRICS_PORT=70000 is not a port; use 1-65535, or 0 to disable /metrics",
+        ),
+    ],
+    ids=[
+        "bogus-option",
+        "no-command",
+        "no-action",
+        "approvals-list-no-broker",
+        "topics-check-no-broker",
+        "worker-no-broker",
+        "approve-no-broker",
+        "port-99999",
+        "log-level-loud",
+        "metrics-port-abc",
+        "metrics-port-70000",
+    ],
+)
+def test_each_newcomer_mistake_is_one_line_without_traceback(
+    args: list[str], variables: dict[str, str], line: str, tmp_path: Path
+) -> None:
+    result = run_cli(*args, env=newcomer_env(tmp_path, **variables))
+
+    assert result.returncode != 0
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.stderr.splitlines() == [line]
+
+
+def test_the_broker_make_run_wrote_is_the_one_the_cli_uses_and_names(tmp_path: Path) -> None:
+    state = tmp_path / ".kafka-local"
+    state.mkdir()
+    (state / "keylane.env").write_text(f"KEYLANE_BOOTSTRAP_SERVERS={UNREACHABLE}\n")
+
+    result = run_cli("topics", "check", env=newcomer_env(tmp_path, KEYLANE_KAFKA_STATE=str(state)))
+
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        CANNOT_REACH.replace("KEYLANE_BOOTSTRAP_SERVERS;", f"from {state / 'keylane.env'};", 1)
+    ]

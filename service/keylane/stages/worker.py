@@ -6,6 +6,8 @@ import asyncio
 import fcntl
 import importlib.metadata
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -31,6 +33,20 @@ from keylane.stages.health import Check, Heartbeat, MetricsServer
 from keylane.stages.shard_keys import ShardKeys
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def _client_logs_quiet() -> Iterator[None]:
+    """Keep aiokafka's own lines about a failed connection off the terminal during the
+    start-up checks: a broker that does not answer is one line there, naming the fix
+    (kafka/topic_admin.py, broker_unreachable). Once the worker runs, they are logged again."""
+    client_log = logging.getLogger("aiokafka")
+    level = client_log.level
+    client_log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        client_log.setLevel(level)
 
 
 async def verify_topics(settings: Settings, catalog: Catalog) -> None:
@@ -80,8 +96,9 @@ def run_worker(settings: Settings, catalog: Catalog, *, agent_ref: str, config_r
     """Run one agent until a signal; returns the exit code."""
     agent, config = load_agent(agent_ref, config_ref)
     provider = provider_from_url(settings.provider) if settings.provider else None
-    asyncio.run(verify_topics(settings, catalog))
-    asyncio.run(refuse_foreign_agent(settings, agent_ref))
+    with _client_logs_quiet():
+        asyncio.run(verify_topics(settings, catalog))
+        asyncio.run(refuse_foreign_agent(settings, agent_ref))
     app = build_app(settings, catalog, client_id=worker_client_id(agent_ref))
     runtime = KeyRuntime(
         agent,
@@ -126,7 +143,8 @@ def run_effector(
         import_module(module)
     if not default_registry.names():
         raise ConfigError("no tools are registered: pass --tools with the module(s) that declare them")
-    asyncio.run(verify_topics(settings, catalog))
+    with _client_logs_quiet():
+        asyncio.run(verify_topics(settings, catalog))
     effector_settings = settings.with_overrides(
         app_id=f"{settings.app_id}-effector", data_dir=Path(settings.data_dir) / "effector"
     )
