@@ -46,6 +46,7 @@ class ConsumerLag:
         self._committed: dict[TopicPartition, int] = {}
         self._lag: dict[TopicPartition, int] = {}
         self._advanced_at: dict[TopicPartition, float] = {}
+        self._behind_since: dict[TopicPartition, float] = {}
         self._clock = clock
 
     def partitions(self) -> list[TopicPartition]:
@@ -80,15 +81,21 @@ class ConsumerLag:
             if end is not None:
                 self._lag[tp] = max(0, end - committed)
                 metrics.CONSUMER_LAG.labels(*_labels(tp)).set(self._lag[tp])
+                if self._lag[tp] == 0:
+                    self._behind_since.pop(tp, None)
+                else:
+                    self._behind_since.setdefault(tp, self._clock())
 
     def stalled(self, after_s: float = STALLED_AFTER_S) -> str | None:
-        """Why this process is stalled (the first partition with records behind its committed
-        offset and no commit advancing it for ``after_s``), or None. Read from the metrics
-        server's thread: it copies before it iterates."""
+        """Why this process is stalled (the first partition that has been behind its log end,
+        with no commit advancing it, for ``after_s``), or None. A partition idle for longer
+        than that which just got a record is not stalled: it has been behind only since then.
+        Read from the metrics server's thread: it copies before it iterates."""
         now = self._clock()
         for tp, lag in list(self._lag.items()):
             idle_s = now - self._advanced_at.get(tp, now)
-            if lag > 0 and idle_s > after_s:
+            behind_s = now - self._behind_since.get(tp, now)
+            if lag > 0 and min(idle_s, behind_s) > after_s:
                 return f"{tp[0]}/{tp[1]} stalled: {lag} records behind, no commit for {idle_s:.0f}s"
         return None
 
@@ -96,6 +103,7 @@ class ConsumerLag:
         """``tp`` is no longer ours: its series go (its next owner exports them)."""
         self._lag.pop(tp, None)
         self._advanced_at.pop(tp, None)
+        self._behind_since.pop(tp, None)
         if self._committed.pop(tp, None) is None:
             return
         labels = _labels(tp)

@@ -94,3 +94,21 @@ def test_a_partition_behind_with_no_commit_for_the_stall_time_is_a_reason_not_to
     assert lag.stalled(after_s=300) is None, "caught up"
     lag.revoked((TOPIC, 2))
     lag.revoked((TOPIC, 3))
+
+
+def test_an_idle_partition_that_just_got_a_record_is_not_stalled() -> None:
+    clock = Clock()
+    lag = ConsumerLag(clock=clock)
+    ends = {(TOPIC, 4): 3}
+    lag.assigned((TOPIC, 4), 3)  # caught up, and then idle for ten minutes
+    lag.refresh(lambda topic, partition: ends[(topic, partition)])
+    clock.now += 600
+
+    ends[(TOPIC, 4)] = 4  # a record arrives; its activation takes a while
+    lag.refresh(lambda topic, partition: ends[(topic, partition)])
+    clock.now += 30
+    assert lag.stalled(after_s=300) is None, "behind for 30 s only, however old the last commit"
+
+    clock.now += 271  # still not committed 301 s after it arrived: stalled
+    assert lag.stalled(after_s=300) == f"{TOPIC}/4 stalled: 1 records behind, no commit for 901s"
+    lag.revoked((TOPIC, 4))
