@@ -46,8 +46,9 @@ JOINING = "(Re-)joining group"
 JOINED = re.compile(r"Joined group '[^']+' \(generation (\d+)\) with member_id (\S+)")
 REVOKING = "Revoking previously assigned partitions"
 ASSIGNED = "Setting newly assigned partitions"
-# Faust logs a set of topic-partitions as a table: "| t.agent.events   | {0-2,4}    |".
-TABLE_ROW = re.compile(r"^\| (\S+)\s+\| \{([0-9,-]*)\}\s+\|", re.MULTILINE)
+# Faust renders a set of topic-partitions as a table, which the worker logs on one line:
+# "Setting newly assigned partitions t.agent.events {0-2,4}, t.agent.results {1} for group g".
+TABLE_ROW = re.compile(r"(\S+) \{([0-9,-]*)\}")
 
 
 def keys_on_every_partition(partitions: int) -> list[bytes]:
@@ -67,7 +68,7 @@ def keys_on_every_partition(partitions: int) -> list[bytes]:
 
 
 def assignments(log: str) -> list[set[tuple[str, int]]]:
-    """Each assignment aiokafka logged (Faust renders the set as a table), as (topic, partition)."""
+    """Each assignment aiokafka logged, as (topic, partition)."""
     found = []
     for chunk in log.split(ASSIGNED)[1:]:
         table = chunk.split(" for group ", 1)[0]

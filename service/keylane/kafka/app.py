@@ -286,8 +286,57 @@ def run(
     """Run ``app`` in a Faust worker until a signal stops it (raises SystemExit with its code).
     ``on_loop(loop)`` is called with the event loop the worker runs, before it starts (to
     schedule a heartbeat on it)."""
-    worker = faust.Worker(app, loglevel=loglevel, redirect_stdouts=False)
+    worker = Worker(app, loglevel=loglevel, redirect_stdouts=False)
     readiness(app).worker = worker
     if on_loop is not None:
         on_loop(worker.loop)
     worker.execute_from_commandline()
+
+
+class Worker(faust.Worker):
+    """Faust's worker, its log lines one line each: Faust renders topic-partition sets and
+    recovery offsets as boxed tables, about 150 lines at a start-up, which scroll away what an
+    operator looks for (`make run`'s "keylane is running" block, the first error)."""
+
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        super().on_setup_root_logger(logger, level)
+        for handler in logger.handlers:
+            handler.setFormatter(_TablesOnOneLine(handler.formatter or logging.Formatter()))
+
+
+class _TablesOnOneLine(logging.Formatter):
+    """Formats as ``inner`` does, then puts each boxed table of the result on the line: Faust
+    renders its tables while the record is formatted (its formatter's argument hooks), so
+    they can only be rewritten after that."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self._inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        return tables_on_one_line(self._inner.format(record))
+
+
+def tables_on_one_line(text: str) -> str:
+    """``text`` with each boxed table as its rows, cells joined by a space and rows by a comma
+    (the header row dropped), all on one line; text without a table is returned as it is."""
+    if "\n+" not in text:
+        return text
+    parts: list[str] = []
+    rows: list[str] = []
+    borders = 0  # of the table being read: its title bar, the line under its header, its bottom
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("+"):
+            borders += 1
+            if borders == 3:
+                parts.append(", ".join(rows))
+                rows, borders = [], 0
+                tail = stripped.rsplit("+", 1)[1].strip()  # text after the bottom border
+                if tail:
+                    parts.append(tail)
+        elif stripped.startswith("|") and borders == 2:
+            rows.append(" ".join(c.strip() for c in stripped.strip("|").split("|")))
+        elif stripped and borders == 0:
+            parts.append(line.rstrip())
+    return " ".join(parts)
