@@ -1,9 +1,10 @@
 """Every code block in README.md and docs/ is compiled or checked against what it names.
 
 Python blocks are compiled, and those of the docs that need no broker (EXECUTED_DOCS) are
-run, each in a fresh namespace. Shell blocks pass `bash -n`; every `keylane ...` line in them
-parses with the real command-line grammar, every `make X` names a Makefile target, and
-every script path they run exists.
+run, each in a fresh namespace. Shell blocks, and the `$` lines of console transcripts, pass
+`bash -n`; every `keylane ...` command in them parses with the real command-line grammar,
+every `make X` names a Makefile target, and every script path they run exists. (A transcript
+is run for real by its own broker test: docs/first-hour.md by tests/integration/test_first_hour.py.)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def commands(script: str) -> list[list[str]]:
     result = []
     for line in script.splitlines():
         line = re.split(r"(?:^|\s)#", line, maxsplit=1)[0].strip()  # a comment, not key#2
-        for part in filter(None, (p.strip() for p in line.split("|"))):
+        for part in filter(None, (p.strip() for p in split_unquoted(line, "|&;"))):
             words = shlex.split(part)
             while words and ENV_ASSIGNMENT.match(words[0]):
                 words = words[1:]
@@ -45,12 +46,36 @@ def commands(script: str) -> list[list[str]]:
     return result
 
 
+def split_unquoted(line: str, separators: str) -> list[str]:
+    """``line`` split at each of ``separators`` outside quotes (kcat's `-K '|'` is no pipe)."""
+    parts, current, quote = [], "", ""
+    for char in line:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in separators:
+            parts.append(current)
+            current = ""
+            continue
+        current += char
+    return [*parts, current]
+
+
+def console_commands(transcript: str) -> str:
+    """A console transcript's commands (its `$ ` lines), as a script."""
+    return "".join(line[2:] + "\n" for line in transcript.splitlines() if line.startswith("$ "))
+
+
 def makefile_targets() -> set[str]:
     text = (REPO / "Makefile").read_text()
     return set(re.findall(r"^([a-z][a-z0-9-]*):", text, re.MULTILINE))
 
 
-SHELL_BLOCKS = blocks({"bash", "sh", "shell"})
+SHELL_BLOCKS = [
+    *blocks({"bash", "sh", "shell"}),
+    *((where, console_commands(code)) for where, code in blocks({"console"})),
+]
 PYTHON_BLOCKS = blocks({"python"})
 EXECUTED_DOCS = ("docs/providers.md#", "docs/effector.md#")
 EXECUTED_BLOCKS = [(where, code) for where, code in PYTHON_BLOCKS if where.startswith(EXECUTED_DOCS)]
