@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 import time
@@ -103,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(handler=_topics_list)
 
     process = _process_options()
+    process_app_id = _Parser(add_help=False)
+    process_app_id.add_argument(
+        "--app-id",
+        help="the workers' app id, whose state changelog is read (env KEYLANE_APP_ID; default keylane, "
+        "after the topic prefix when there is one)",
+    )
     worker = commands.add_parser(
         "worker",
         parents=[common, process],
@@ -151,6 +158,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="default timeout of one tool execution (default 60)",
     )
     effector.set_defaults(handler=_effector)
+
+    inspect = commands.add_parser(
+        "inspect",
+        parents=[common, process_app_id],
+        help="show a key's stored state (memory, suspension, cache, queued events, timers)",
+        description="Show a key's state as its worker would restore it, read from the state changelog: "
+        "it needs no worker running and disturbs none. An activation running now is not in it yet.",
+    )
+    inspect.add_argument("key", metavar="KEY", help="the physical key (e.g. customer-7, or customer-7#2)")
+    inspect.add_argument(
+        "--logical", action="store_true", help="KEY is a logical key: show each of its shards KEY#i"
+    )
+    inspect.add_argument("--json", action="store_true", help="one JSON object per key, for scripts")
+    inspect.set_defaults(handler=_inspect)
 
     approve = commands.add_parser(
         "approve",
@@ -289,6 +310,33 @@ def _effector(args: argparse.Namespace) -> int:
     )
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from keylane.inspect import inspect_keys, summary
+
+    settings = _settings(args)
+    views = asyncio.run(inspect_keys(settings, _catalog(settings), args.key, logical=args.logical))
+    if not views:
+        raise KeylaneError(
+            f"no shard of {args.key!r} ({args.key}#0, #1, ...) has state in {settings.app_id}'s changelog; "
+            "without --logical, KEY is read as a physical key"
+        )
+    now_ms = time.time_ns() // 1_000_000
+    for view in views:
+        shown = summary(view, now_ms=now_ms)
+        if args.json:
+            print(json.dumps(shown, sort_keys=True))
+            continue
+        print(f"{view.key} (changelog partition {view.partition}, offset {view.offset})")
+        if view.unreadable is not None:
+            print(f"  unreadable: {view.unreadable}; its inputs are dead-lettered as poison_state")
+        elif view.state is None:
+            print("  no state: the key has not committed an activation, or its state was deleted")
+        for name, value in shown.items():
+            if name not in ("key", "changelog_partition", "changelog_offset", "state", "unreadable"):
+                print(f"  {name:<20} {json.dumps(value, sort_keys=True)}")
+    return EXIT_OK
+
+
 def _approve(args: argparse.Namespace) -> int:
     from keylane.approvals import check_waiting, send_approval, span
 
@@ -321,8 +369,6 @@ def _approve(args: argparse.Namespace) -> int:
 
 
 def _approvals_list(args: argparse.Namespace) -> int:
-    import json
-
     from keylane.approvals import approval_requests
 
     settings = _settings(args)

@@ -19,6 +19,7 @@ SUBCOMMANDS = [
     ["topics", "list"],
     ["worker"],
     ["effector"],
+    ["inspect"],
     ["approve"],
     ["approvals"],
     ["approvals", "list"],
@@ -126,7 +127,7 @@ def newcomer_env(tmp_path: Path, **variables: str) -> dict[str, str]:
         (
             [],
             {},
-            "keylane: missing COMMAND: one of topics, worker, effector, approve, approvals "
+            "keylane: missing COMMAND: one of topics, worker, effector, inspect, approve, approvals "
             "(see 'keylane --help')",
         ),
         (

@@ -63,6 +63,15 @@ SETTLED_INTENTS_KEPT = 128
 IntentKind = Literal["tool", "approval"]
 
 
+STATE_TABLE = "keylane-state"
+"""The worker's table of key states (service/keylane/stages/agent.py)."""
+
+
+def state_changelog(app_id: str) -> str:
+    """The state table's changelog topic of an app id, as Faust names it."""
+    return f"{app_id}-{STATE_TABLE}-changelog"
+
+
 class UnreadableState(Fatal):
     """A stored state blob this keylane cannot read. Fatal for its key only: the key is
     quarantined (service/keylane/core/quarantine.py) and its inputs are dead-lettered as

@@ -38,9 +38,12 @@ async def partition_ids(settings: Settings, topic: str) -> list[int]:
     return sorted(p["partition"] for p in described["partitions"])
 
 
-async def read_to_end(settings: Settings, topic: str, *, timeout_s: float = 30.0) -> list[TopicRecord]:
-    """Every record of ``topic`` up to the end offsets at the time of the call, per partition
-    in offset order. Uses no consumer group: it commits nothing and disturbs no one."""
+async def read_to_end(
+    settings: Settings, topic: str, *, partitions: list[int] | None = None, timeout_s: float = 30.0
+) -> list[TopicRecord]:
+    """Every record of ``topic`` (of its ``partitions`` only, when given) up to the end offsets
+    at the time of the call, per partition in offset order. Uses no consumer group: it commits
+    nothing and disturbs no one."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=settings.bootstrap_list, enable_auto_commit=False, auto_offset_reset="earliest"
     )
@@ -50,14 +53,15 @@ async def read_to_end(settings: Settings, topic: str, *, timeout_s: float = 30.0
         await consumer.stop()
         raise broker_unreachable(settings, exc) from exc
     try:
-        partitions = [TopicPartition(topic, p) for p in await partition_ids(settings, topic)]
-        consumer.assign(partitions)
-        ends = await consumer.end_offsets(partitions)
-        for tp in partitions:
+        chosen = partitions if partitions is not None else await partition_ids(settings, topic)
+        assigned = [TopicPartition(topic, p) for p in chosen]
+        consumer.assign(assigned)
+        ends = await consumer.end_offsets(assigned)
+        for tp in assigned:
             consumer.seek(tp, 0)
         records: list[TopicRecord] = []
         async with asyncio.timeout(timeout_s):
-            while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+            while [tp for tp in assigned if await consumer.position(tp) < ends[tp]]:
                 batch = await consumer.getmany(timeout_ms=500)
                 for messages in batch.values():
                     records.extend(

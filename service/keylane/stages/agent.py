@@ -42,7 +42,7 @@ from keylane.catalog import APPROVALS, EVENTS, EVENTS_SHARDED, RESULTS, TIMERS, 
 from keylane.core.activation import KeyRuntime
 from keylane.core.apply import apply_decision
 from keylane.core.lanes import WINDOW_PER_IN_FLIGHT, KeyLanes, LaneScheduler, PartitionLanes, Superseded
-from keylane.core.state import IntentKind, KeyState, decode_state, epoch_of
+from keylane.core.state import STATE_TABLE, IntentKind, KeyState, decode_state, epoch_of
 from keylane.core.timers import TimerIndex, due_timers
 from keylane.kafka.app import App, log_end, on_rebalance_complete, on_shutdown, recovery_completed
 from keylane.kafka.delivery import RecordTooLarge, confirming, track_changelog
@@ -58,7 +58,6 @@ from keylane.wire import encode
 
 log = logging.getLogger(__name__)
 
-STATE_TABLE = "keylane-state"
 TIMER_SCAN_INTERVAL_S = 1.0
 
 
