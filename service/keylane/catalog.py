@@ -33,6 +33,7 @@ INTENTS = "agent.intents"
 APPROVAL_REQUESTS = "agent.approval-requests"
 OUTPUT = "agent.output"
 ERRORS = "agent.errors"
+CONTROL = "agent.control"
 LOGICAL_NAMES: tuple[str, ...] = (
     EVENTS,
     EVENTS_SHARDED,
@@ -43,6 +44,7 @@ LOGICAL_NAMES: tuple[str, ...] = (
     APPROVAL_REQUESTS,
     OUTPUT,
     ERRORS,
+    CONTROL,
 )
 
 

@@ -31,7 +31,7 @@ from typing import get_args
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
 from keylane.records import OrphanDetail
-from keylane.wire import ErrorReason, TimerKind, ToolStatus
+from keylane.wire import ErrorReason, KeyAction, TimerKind, ToolStatus
 
 # One series per counter, not two: the ``*_created`` samples are OpenMetrics' business, and no
 # query of keylane's reads them.
@@ -132,6 +132,12 @@ MEMORY_SOFT_CAP_WARNINGS = Counter(
 OUTPUTS = Counter("keylane_outputs", "Records produced to agent.output.")
 UNSIGNED = Counter(
     "keylane_unsigned_records", "Intents, approvals or results with a missing or bad signature.", ["kind"]
+)
+KEY_COMMANDS = Counter(
+    "keylane_key_commands",
+    "Operator commands on one key (agent.control) a key's lane applied: done (a cancel ended "
+    "the suspension) or not_suspended (nothing to cancel any more).",
+    ["action", "outcome"],
 )
 TIMERS_FIRED = Counter("keylane_timers_fired", "Due timer fires applied by a key's lane.", ["kind"])
 TIMERS_IGNORED = Counter("keylane_timers_ignored", "Timer fires ignored as stale, early or duplicate.")
@@ -312,7 +318,8 @@ INFO = Gauge(
 )
 
 WAITING_KINDS = ("approval", "tool")
-UNSIGNED_KINDS = ("intent", "approval", "result")
+UNSIGNED_KINDS = ("intent", "approval", "result", "command")
+KEY_COMMAND_OUTCOMES = ("done", "not_suspended")
 ACTIVATION_KINDS = ("start", "resume")
 
 
@@ -325,6 +332,9 @@ def zero_fixed_labels() -> None:
     zero(AGENT_ERRORS, (r for r in get_args(ErrorReason) if r != "orphaned_result"))  # orphans: below
     zero(ORPHANED_RESULTS, get_args(OrphanDetail))
     zero(UNSIGNED, UNSIGNED_KINDS)
+    for action in get_args(KeyAction):
+        for outcome in KEY_COMMAND_OUTCOMES:
+            KEY_COMMANDS.labels(action, outcome)
     zero(UNAWAITED_RESULTS, ("result", "approval"))
     zero(TIMERS_FIRED, get_args(TimerKind))
     zero(TIMERS_SENT, get_args(TimerKind))

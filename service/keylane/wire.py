@@ -44,6 +44,7 @@ ErrorReason = Literal[
     "processing_failed",
     "poison_state",
     "forged_origin",
+    "unsigned_command",
 ]
 """Why a record is on agent.errors (``ErrorRecord.reason``; docs/runtime.md lists when each is written)."""
 
@@ -126,6 +127,24 @@ class Approval(msgspec.Struct, kw_only=True, omit_defaults=True):
     approver: str
     reason: str | None = None
     decided_at_ms: int = 0
+    signature: str | None = None
+    key_id: str | None = None
+
+
+KeyAction = Literal["cancel"]
+
+
+class KeyCommand(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """An operator's command on one key (agent.control), keyed by the physical key: who
+    (``operator``), what (``action``), when (``issued_at_ms``) and why (``reason``)."""
+
+    v: int = SCHEMA_VERSION
+    command_id: str
+    entity_key: str
+    action: KeyAction
+    operator: str
+    reason: str
+    issued_at_ms: int = 0
     signature: str | None = None
     key_id: str | None = None
 

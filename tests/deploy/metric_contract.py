@@ -65,6 +65,7 @@ CONTRACT: tuple[Metric, ...] = (
     Metric("keylane_records_too_large", "counter", ("topic",)),
     Metric("keylane_redeliveries", "counter", ("topic",)),
     Metric("keylane_timers_fired", "counter", ("kind",)),
+    Metric("keylane_key_commands", "counter", ("action", "outcome")),
     Metric("keylane_effector_intents", "counter", ("status",)),
     Metric("keylane_effector_executions", "counter"),
     Metric("keylane_effector_republished", "counter"),

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from keylane.catalog import APPROVALS, EVENTS, INTENTS, OUTPUT, RESULTS, TIMERS, Catalog
+from keylane.catalog import APPROVALS, CONTROL, EVENTS, INTENTS, OUTPUT, RESULTS, TIMERS, Catalog
 from keylane.config import Settings
 from keylane.stages.worker import keylane_version
 from keylane.testing.processes import KeylaneReady, ReadyzProbe, free_port
@@ -130,7 +130,7 @@ async def test_worker_and_effector_serve_clean_metrics_health_readiness_and_lag(
     # Topic labels are the catalog's names, without the test's topic prefix.
     worker_inputs = {
         (topic, str(p))
-        for topic in (EVENTS, RESULTS, APPROVALS, TIMERS)
+        for topic in (EVENTS, RESULTS, APPROVALS, TIMERS, CONTROL)
         for p in range(catalog[topic].partitions)
     }
     effector_inputs = {(INTENTS, str(p)) for p in range(catalog[INTENTS].partitions)}

@@ -98,7 +98,7 @@ def test_topics_list_shows_the_prefixed_catalog(capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     assert "prod.agent.events " in out
     assert "prod.agent.errors " in out
-    assert len(out.strip().splitlines()) == 10
+    assert len(out.strip().splitlines()) == 11  # the header and the catalog's ten topics
 
 
 UNREACHABLE = "127.0.0.1:1"

@@ -12,6 +12,10 @@ pure function of a FallbackContext, or one fixed decision:
   escalations happened, the next timeout is a Deny.
 
 A policy that raises is treated as Drop (``hitl_timeout`` with the error); the worker goes on.
+
+An operator's ``keylane cancel`` ends a suspension the same way before its deadline: the
+policy decides with ``FallbackContext.cancelled`` set, and an Escalate is taken as Deny (a
+cancel ends the wait).
 """
 
 from __future__ import annotations
@@ -68,6 +72,10 @@ class FallbackContext:
     escalations: int
     snapshot: bytes
     deadline_ms: int
+    cancelled: str | None = None
+    """Set when an operator cancelled the suspension (``keylane cancel``) instead of its
+    deadline passing: who and why, e.g. ``"by ann: provider outage"``. A cancel ends the
+    suspension whatever the policy decides: an Escalate is taken as Deny."""
 
 
 TimeoutPolicy = TimeoutDecision | Callable[[FallbackContext], TimeoutDecision]
@@ -111,6 +119,8 @@ class HitlPolicy:
         decision = policy if isinstance(policy, Deny | Drop | Escalate) else policy(context)
         if not isinstance(decision, Deny | Drop | Escalate):
             raise TypeError(f"on_timeout returned {type(decision).__name__}, expected Deny, Drop or Escalate")
-        if isinstance(decision, Escalate) and context.escalations >= self.max_escalations:
+        if isinstance(decision, Escalate) and (
+            context.escalations >= self.max_escalations or context.cancelled is not None
+        ):
             return Deny()
         return decision

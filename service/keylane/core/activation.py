@@ -51,7 +51,16 @@ from keylane.authoring.api import AgentConfig, AgentFn, Complete, Suspend
 from keylane.authoring.context import ActivationContext, BudgetExceeded
 from keylane.authoring.memory import MEMORY_HARD_CAP_BYTES, Memory
 from keylane.authoring.ratelimit import ProviderLimiter
-from keylane.catalog import APPROVAL_REQUESTS, EVENTS, EVENTS_SHARDED, INTENTS, OUTPUT, RESULTS, TIMERS
+from keylane.catalog import (
+    APPROVAL_REQUESTS,
+    CONTROL,
+    EVENTS,
+    EVENTS_SHARDED,
+    INTENTS,
+    OUTPUT,
+    RESULTS,
+    TIMERS,
+)
 from keylane.cells import MemoryBlob
 from keylane.clock import Clock, wall_clock_ms
 from keylane.core.outbox import (
@@ -89,6 +98,7 @@ from keylane.wire import (
     Approval,
     ApprovalRequest,
     ErrorReason,
+    KeyCommand,
     MalformedRecord,
     TimerFired,
     ToolResult,
@@ -215,7 +225,7 @@ class KeyRuntime:
     async def _decide(
         self,
         record: InputRecord,
-        parsed: AgentEnvelope | ToolResult | Approval | TimerFired,
+        parsed: AgentEnvelope | ToolResult | Approval | TimerFired | KeyCommand,
         state: KeyState,
         key: bytes,
         key_text: str,
@@ -243,6 +253,8 @@ class KeyRuntime:
 
         if isinstance(parsed, TimerFired):
             return await self._on_timer(record, parsed, state, key)
+        if isinstance(parsed, KeyCommand):
+            return await self._on_command(record, parsed, state, key)
         if isinstance(parsed, AgentEnvelope):
             if state.continuation is not None:
                 return self._queue(state, record, key)
@@ -323,14 +335,18 @@ class KeyRuntime:
 
     def _parse(
         self, record: InputRecord, key_text: str
-    ) -> AgentEnvelope | ToolResult | Approval | TimerFired:
-        if record.topic == TIMERS:
-            fired = decode(record.value, TimerFired)
-            if fired.entity_key != key_text:
+    ) -> AgentEnvelope | ToolResult | Approval | TimerFired | KeyCommand:
+        if record.topic in (TIMERS, CONTROL):
+            command: TimerFired | KeyCommand = (
+                decode(record.value, TimerFired)
+                if record.topic == TIMERS
+                else decode(record.value, KeyCommand)
+            )
+            if command.entity_key != key_text:
                 raise MalformedRecord(
-                    f"entity_key {fired.entity_key!r} differs from the record key {key_text!r}"
+                    f"entity_key {command.entity_key!r} differs from the record key {key_text!r}"
                 )
-            return fired
+            return command
         if record.topic in (EVENTS, EVENTS_SHARDED):
             envelope = decode(record.value, AgentEnvelope)
             envelope.payload_bytes()  # a bad payload_b64 is a malformed record, not an agent error
@@ -560,6 +576,48 @@ class KeyRuntime:
             return Decision(None, [])
         next_state, emits = outcome
         if next_state.continuation is None and next_state.buffered:
+            next_state, drained = await self._drain_buffered(next_state, key, record, emits)
+            emits.extend(drained)
+        return self._commit(next_state, record, emits, key)
+
+    async def _on_command(
+        self, record: InputRecord, command: KeyCommand, state: KeyState, key: bytes
+    ) -> Decision:
+        """An operator's command (agent.control), in the key's lane after its earlier inputs.
+        ``cancel`` ends the key's suspension through its HITL policy as a timeout would, told
+        who cancelled and why, and runs the events queued behind it; a key that is not
+        suspended (it resumed first) is left as it is. Signed like approvals when
+        KEYLANE_APPROVAL_SIGNATURES asks for it."""
+        key_text = key.decode()
+        if self.approval_signatures != "off":
+            verdict = self.keyring.verify(command)
+            if verdict != "ok":
+                metrics.UNSIGNED.labels("command").inc()
+                if self.approval_signatures == "require":
+                    detail = f"{verdict}: {command.action} by {command.operator} refused"
+                    return Decision(
+                        None, [self._error(record, "unsigned_command", detail, entity_key=key_text)]
+                    )
+                log.warning(
+                    "%s by %s is %s; accepted (permissive mode)", command.action, command.operator, verdict
+                )
+        why = f"by {command.operator}: {command.reason}"
+        outcome = timed_out(state, record, key, self.config.hitl_policy, now_ms=self.clock(), cancelled=why)
+        if outcome is None:
+            metrics.KEY_COMMANDS.labels(command.action, "not_suspended").inc()
+            log.info("%s of %r %s: the key is not suspended; nothing to do", command.action, key_text, why)
+            # Committed all the same, with the command's offset applied: a redelivery of it
+            # must not cancel a suspension the key starts later.
+            return self._commit(state, record, [], key)
+        metrics.KEY_COMMANDS.labels(command.action, "done").inc()
+        log.info(
+            "%r: suspension at seq %s cancelled %s",
+            key_text,
+            state.continuation and state.continuation.seq,
+            why,
+        )
+        next_state, emits = outcome
+        if next_state.buffered:
             next_state, drained = await self._drain_buffered(next_state, key, record, emits)
             emits.extend(drained)
         return self._commit(next_state, record, emits, key)

@@ -57,14 +57,21 @@ def collected(
 
 
 def timed_out(
-    state: KeyState, record: InputRecord, key: bytes, policy: HitlPolicy, *, now_ms: int
+    state: KeyState,
+    record: InputRecord,
+    key: bytes,
+    policy: HitlPolicy,
+    *,
+    now_ms: int,
+    cancelled: str | None = None,
 ) -> tuple[KeyState, list[Emit]] | None:
-    """The next state and records of a key whose suspension is past its deadline at ``now_ms``
-    (None if it is not suspended, or not yet due): escalated (a new approval request, a new
-    deadline) or ended (Deny's output, or ``hitl_timeout`` for Drop and a policy that raised
-    or returned something else). Its queued events have not run yet."""
+    """The next state and records of a key whose suspension is past its deadline at ``now_ms``,
+    or that an operator ``cancelled`` (who and why) whatever its deadline; None if it is not
+    suspended, or not yet due: escalated (a new approval request, a new deadline; never for a
+    cancel) or ended (Deny's output, or ``hitl_timeout`` for Drop and a policy that raised or
+    returned something else). Its queued events have not run yet."""
     cont = state.continuation
-    if cont is None or now_ms < cont.deadline_ms:
+    if cont is None or (cancelled is None and now_ms < cont.deadline_ms):
         return None
     context = FallbackContext(
         entity_key=key,
@@ -73,6 +80,7 @@ def timed_out(
         escalations=cont.escalations,
         snapshot=cont.snapshot,
         deadline_ms=cont.deadline_ms,
+        cancelled=cancelled,
     )
     try:
         decision: TimeoutDecision | Exception = policy.decide(context)
@@ -112,5 +120,7 @@ def timed_out(
         detail = (
             f"policy raised {decision!r}" if isinstance(decision, Exception) else "dropped by policy"
         ) + f"; deadline {cont.deadline_ms}, pending {cont.pending_intent_ids}"
+        if cancelled is not None:
+            detail = f"cancelled {cancelled}; {detail}"
         emits = [error_emit(record, "hitl_timeout", detail, now_ms=now_ms, entity_key=key_text)]
     return struct_replace(state, continuation=None, pending={}), emits

@@ -38,7 +38,7 @@ from typing import Any
 
 from keylane import metrics
 from keylane.authoring.api import AgentConfig
-from keylane.catalog import APPROVALS, EVENTS, EVENTS_SHARDED, RESULTS, TIMERS, Catalog
+from keylane.catalog import APPROVALS, CONTROL, EVENTS, EVENTS_SHARDED, RESULTS, TIMERS, Catalog
 from keylane.core.activation import KeyRuntime
 from keylane.core.apply import apply_decision
 from keylane.core.lanes import WINDOW_PER_IN_FLIGHT, KeyLanes, LaneScheduler, PartitionLanes, Superseded
@@ -86,7 +86,7 @@ class AgentProcessor:
         self.lanes: LaneScheduler = lanes or scheduler_for(runtime.config)
         self.partitions = catalog[EVENTS].partitions
         events = EVENTS_SHARDED if sharded else EVENTS
-        self.logical_by_name = {catalog.name(t): t for t in (events, RESULTS, APPROVALS, TIMERS)}
+        self.logical_by_name = {catalog.name(t): t for t in (events, RESULTS, APPROVALS, TIMERS, CONTROL)}
         self.inputs = app.topic(*self.logical_by_name, **RAW)
         self.offsets = guard_offsets(app, self.logical_by_name)
         self.offsets.grace_s = runtime.config.rebalance_grace_s

@@ -19,7 +19,17 @@ from collections.abc import Iterator
 from typing import Any
 
 from keylane.authoring.api import AgentConfig, AgentFn
-from keylane.catalog import APPROVAL_REQUESTS, APPROVALS, ERRORS, EVENTS, INTENTS, OUTPUT, RESULTS, TIMERS
+from keylane.catalog import (
+    APPROVAL_REQUESTS,
+    APPROVALS,
+    CONTROL,
+    ERRORS,
+    EVENTS,
+    INTENTS,
+    OUTPUT,
+    RESULTS,
+    TIMERS,
+)
 from keylane.clock import Clock, wall_clock_ms
 from keylane.core.activation import Decision, KeyRuntime
 from keylane.core.apply import apply_decision
@@ -32,6 +42,7 @@ from keylane.wire import (
     Approval,
     ApprovalRequest,
     ErrorRecord,
+    KeyCommand,
     ToolIntent,
     ToolResult,
     decode,
@@ -84,6 +95,10 @@ class AgentHarness:
     async def send_approval(self, approval: Approval) -> Decision:
         """Deliver an approval decision under its physical key."""
         return await self.send_raw(APPROVALS, approval.entity_key.encode(), encode(approval))
+
+    async def send_command(self, command: KeyCommand) -> Decision:
+        """Deliver an operator's command (``keylane cancel``) under its physical key."""
+        return await self.send_raw(CONTROL, command.entity_key.encode(), encode(command))
 
     async def send_raw(self, topic: str, key: bytes | None, value: bytes | None) -> Decision:
         """Deliver raw bytes on a logical input topic, at that topic's next offset."""
