@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 .PHONY: help install system-deps lint test chaos run broker broker-stop clean bench bench-quick bench-gate
 
 help:
-	@echo "make run          install, start a local Kafka, apply topics, run a worker (Ctrl-C stops all)"
+	@echo "make run          install, start a local Kafka, apply topics, run a worker (Ctrl-C, or kill -INT the pid it prints, stops all)"
 	@echo "make test         install, lint, type-check and run every test against a real broker"
 	@echo "make broker       start a local single-node Kafka 3.9 (NODES=3 for a cluster) and print its address"
 	@echo "make broker-stop  stop the local Kafka started by 'make broker'"

@@ -7,6 +7,7 @@ ConfigError naming the variable, never later inside the worker.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -223,11 +224,34 @@ def _bootstrap(env: Mapping[str, str]) -> dict[str, object]:
     bootstrap = found.get("KEYLANE_BOOTSTRAP_SERVERS", "").strip()
     if not bootstrap:
         return {}
-    values: dict[str, object] = {"bootstrap_servers": bootstrap, "bootstrap_source": f"from {written}"}
+    source = f"from {written}"
+    gone = _stopped_broker_pids(written.parent / "cluster.json")
+    if gone:  # killed, not stopped: `stop` would have removed keylane.env
+        source += f", whose broker is not running (process {', '.join(map(str, gone))} is gone)"
+    values: dict[str, object] = {"bootstrap_servers": bootstrap, "bootstrap_source": source}
     replication = found.get("KEYLANE_REPLICATION_FACTOR", "").strip()
     if replication and not env.get("KEYLANE_REPLICATION_FACTOR"):  # a 3-node `make broker` says 3
         values["replication_factor"] = _int(found, "KEYLANE_REPLICATION_FACTOR", example="3")
     return values
+
+
+def _stopped_broker_pids(cluster_json: Path) -> list[int]:
+    """The recorded broker processes of a local cluster (deploy/kafka/local_kafka.py's
+    cluster.json) that no longer run; none when there is no such record."""
+    try:
+        nodes = json.loads(cluster_json.read_text())["nodes"]
+        pids = [int(node["pid"]) for node in nodes]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    gone = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            gone.append(pid)
+        except PermissionError:  # alive, another user's
+            pass
+    return gone
 
 
 def _int(env: Mapping[str, str], name: str, *, example: str) -> int:

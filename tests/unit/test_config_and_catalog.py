@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -56,6 +59,19 @@ def test_the_broker_a_local_run_wrote_is_found_when_nothing_names_one(tmp_path: 
     assert found.bootstrap_source == f"from {tmp_path / 'keylane.env'}"
     assert (named.bootstrap_servers, named.bootstrap_source) == ("k:9", "KEYLANE_BOOTSTRAP_SERVERS")
     assert (nothing.bootstrap_servers, nothing.bootstrap_source) == ("127.0.0.1:9092", "the default")
+
+
+def test_the_address_of_a_killed_local_broker_says_its_process_is_gone(tmp_path: Path) -> None:
+    (tmp_path / "keylane.env").write_text("KEYLANE_BOOTSTRAP_SERVERS=127.0.0.1:40123\n")
+    gone = subprocess.Popen(["true"])  # a process that ran and is gone: its pid, free
+    gone.wait()
+    (tmp_path / "cluster.json").write_text(json.dumps({"nodes": [{"pid": gone.pid}, {"pid": os.getpid()}]}))
+
+    found = Settings.from_env({"KEYLANE_KAFKA_STATE": str(tmp_path)})
+
+    assert found.bootstrap_source == (
+        f"from {tmp_path / 'keylane.env'}, whose broker is not running (process {gone.pid} is gone)"
+    )
 
 
 @pytest.mark.parametrize(
