@@ -29,9 +29,17 @@ ID_HEADER = "keylane.id"
 
 ORIGIN_HEADER = "keylane.origin"
 """The header a copy keylane re-produces carries: ``"<topic>/<partition>/<offset>"`` of the
-record it copies (a re-route to the key's partition, ShardKeys' copy on agent.events.sharded,
-a re-driven dead letter). A copy of a copy keeps the first origin, so every copy of one
-record has one identity however often it is produced again."""
+record it copies (a re-route to the key's partition, ShardKeys' copy on agent.events.sharded).
+A copy of a copy keeps the first origin, so every copy of one record has one identity however
+often it is produced again. A re-driven dead letter carries none: it is a new original."""
+
+REDRIVE_OF_HEADER = "keylane.redrive-of"
+"""The header of a re-driven dead letter (``keylane errors redrive``): the id of the dead
+letter it re-drives. Re-routed and sharded copies keep it."""
+
+REDRIVES_HEADER = "keylane.redrives"
+"""The header of a re-driven dead letter: how often its record has been re-driven (decimal);
+a dead letter of it carries the count as ``ErrorRecord.redrives``."""
 
 
 def origin_of(headers: Any) -> tuple[str, int, int] | None:
@@ -50,6 +58,26 @@ def origin_of(headers: Any) -> tuple[str, int, int] | None:
             return topic, int(partition), int(rest)
         return None
     return None
+
+
+def redrive_of(headers: Any) -> tuple[str, int] | None:
+    """(dead letter id, re-drive count) from a consumed record's re-drive headers, or None for
+    a record never re-driven (or whose headers do not parse)."""
+    found = dict(redrive_headers(headers))
+    of, count = found.get(REDRIVE_OF_HEADER), found.get(REDRIVES_HEADER)
+    if of is None or count is None or not count.isdigit():
+        return None
+    return of.decode(errors="replace"), int(count)
+
+
+def redrive_headers(headers: Any) -> list[tuple[str, bytes]]:
+    """The re-drive headers of a consumed record, for a copy of it to carry along."""
+    items = (headers.items() if hasattr(headers, "items") else headers) if headers else ()
+    return [
+        (name, bytes(value))
+        for name, value in items
+        if name in (REDRIVE_OF_HEADER, REDRIVES_HEADER) and isinstance(value, bytes | bytearray)
+    ]
 
 
 def position_of(message: Any) -> tuple[str, int, int]:
@@ -82,10 +110,14 @@ class InputRecord:
     epoch: int = 0
     """The owner epoch the worker processes it under (service/keylane/kafka/epochs.py): the
     state it commits carries it, so a former owner's late write never wins a restore."""
+    redrive: tuple[str, int] | None = None
+    """(dead letter id, re-drive count) when the record is a re-driven dead letter
+    (``keylane.redrive-of`` / ``keylane.redrives``): its own dead letter carries them on."""
 
     @classmethod
     def of(cls, topic: str, message: Any, *, log_end: int | None = None, epoch: int = 0) -> InputRecord:
         """The record a consumer message carries, under its logical catalog topic name."""
+        headers = getattr(message, "headers", None)
         return cls(
             topic=topic,
             broker_topic=message.topic,
@@ -93,9 +125,10 @@ class InputRecord:
             offset=message.offset,
             key=message.key,
             value=message.value,
-            origin=origin_of(getattr(message, "headers", None)),
+            origin=origin_of(headers),
             log_end=log_end,
             epoch=epoch,
+            redrive=redrive_of(headers),
         )
 
     @property
@@ -134,7 +167,9 @@ def error_emit(
     """The agent.errors record for ``record``: reason, detail, origin and the raw bytes.
 
     Its id depends only on the origin and the reason, so a redelivered bad record (or
-    another copy of it) produces a duplicate that consumers can recognise.
+    another copy of it) produces a duplicate that consumers can recognise. A re-driven record
+    is an original at its new position, so it fails under a new id; its dead letter names the
+    one it was re-driven from and the re-drive count.
     """
     # A copy's dead letter shares its original's id and origin: copies are one record.
     topic, partition, offset = record.origin or (record.broker_topic, record.partition, record.offset)
@@ -148,6 +183,8 @@ def error_emit(
         raw_key_b64=b64(record.key),
         raw_value_b64=b64(record.value),
         at_ms=now_ms,
+        redrives=record.redrive[1] if record.redrive else 0,
+        redriven_from=record.redrive[0] if record.redrive else None,
     )
     return Emit(
         record_id=error.error_id,

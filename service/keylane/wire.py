@@ -222,6 +222,11 @@ class ErrorRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The size of the record that could not be produced whole (key, value, headers, overhead)."""
     limit_bytes: int | None = None
     """The most its topic and keylane's producer take: min(max.message.bytes, max request size)."""
+    redrives: int = 0
+    """How often the record it stands for had been re-driven (``keylane errors redrive``):
+    the input's ``keylane.redrives`` header, 0 (omitted) for an input never re-driven."""
+    redriven_from: str | None = None
+    """The id of the dead letter the input was re-driven from (``keylane.redrive-of``)."""
 
 
 T = TypeVar("T", bound=msgspec.Struct)

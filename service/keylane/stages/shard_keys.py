@@ -30,7 +30,7 @@ from keylane.kafka.lane_feed import lane_agent
 from keylane.kafka.offset_guard import guard_offsets
 from keylane.kafka.publish import Publisher, raw_topic
 from keylane.keys import Assignment, ShardAssigner
-from keylane.records import InputRecord, error_emit, origin_header
+from keylane.records import InputRecord, error_emit, origin_header, redrive_headers
 from keylane.wire import AgentEnvelope, MalformedRecord, decode, decode_key, encode
 
 
@@ -73,7 +73,9 @@ class ShardKeys:
                 )
                 return
             try:
-                await target.send(key=physical, value=value, headers=[origin_header(message)])
+                # A re-driven event's copy keeps its re-drive count for its dead letter, if any.
+                headers = [*redrive_headers(message.headers), origin_header(message)]
+                await target.send(key=physical, value=value, headers=headers)
             except RecordTooLarge as refused:  # the rewritten envelope grew past the limit
                 await publisher.refuse(refused)
 
