@@ -12,13 +12,17 @@ import json
 import logging
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from keylane.catalog import Catalog, load_catalog
+from keylane.catalog import ERRORS, Catalog, load_catalog
 from keylane.config import Settings
 from keylane.errors import ConfigError, KeylaneError
 from keylane.kafka.topic_admin import admin_client, apply_catalog, inspect_catalog
+
+if TYPE_CHECKING:
+    from keylane.dead_letters import DeadLetter
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the command ran and found a problem (drift, refusal, unreachable broker)
@@ -172,6 +176,71 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("--json", action="store_true", help="one JSON object per key, for scripts")
     inspect.set_defaults(handler=_inspect)
+
+    errors = commands.add_parser("errors", help="list, show and re-drive dead letters (agent.errors)")
+    error_cmds = _subcommands(errors, "errors_command", "ACTION")
+    chosen = _Parser(add_help=False)
+    chosen.add_argument(
+        "--reason", metavar="REASON", help="only dead letters of this reason (e.g. activation_error)"
+    )
+    chosen.add_argument("--key", metavar="KEY", help="only dead letters of this entity key")
+    chosen.add_argument(
+        "--since",
+        type=_since,
+        metavar="TIME",
+        help="only dead letters written since TIME: a duration back from now (30m, 2h, 1d) or an ISO "
+        "time, UTC unless it names its offset (2024-05-01T12:00)",
+    )
+    chosen.add_argument(
+        "--max-redrives",
+        type=int,
+        default=3,
+        metavar="M",
+        help="a dead letter whose record failed again after M re-drives is quarantined: not re-driven "
+        "(default 3)",
+    )
+    error_list = error_cmds.add_parser(
+        "list",
+        parents=[common, chosen],
+        help="one line per dead letter, with counts by reason",
+        description="Read agent.errors and print one line per dead letter (the first of each id): id, "
+        "time (UTC), reason, key, origin topic/partition@offset, re-drive count, status and the "
+        "detail's start; then counts by reason.",
+    )
+    error_list.add_argument(
+        "--json", action="store_true", help="one JSON object per dead letter, for scripts"
+    )
+    error_list.set_defaults(handler=_errors_list)
+    error_show = error_cmds.add_parser(
+        "show",
+        parents=[common],
+        help="everything in one dead letter, and its re-drive history",
+        description="Print a dead letter whole: reason, detail, origin, key, the raw key and value (text "
+        "when UTF-8, else base64; size, sha256 and prefix when they were too large to keep) and its "
+        "re-drive history: the dead letters it descends from, its re-drives on the origin topic and "
+        "the dead letters they became.",
+    )
+    error_show.add_argument("id", metavar="ID", help="the dead letter's id (its keylane.id header)")
+    error_show.add_argument(
+        "--max-redrives", type=int, default=3, metavar="M", help="the quarantine limit shown (default 3)"
+    )
+    error_show.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    error_show.set_defaults(handler=_errors_show)
+    redrive = error_cmds.add_parser(
+        "redrive",
+        parents=[common, chosen],
+        help="produce dead letters again to their origin topic, once each",
+        description="Produce each selected dead letter's raw key and value to its origin topic (under "
+        "this deployment's prefix), as a new record the worker runs, with headers naming the dead "
+        "letter and its re-drive count. Once per dead letter: one already re-driven (a record on "
+        "its origin topic says so) is skipped, so an interrupted run resumes where it stopped and "
+        "a second run sends nothing. Fix the cause first. Run one re-drive at a time.",
+    )
+    redrive.add_argument("--dry-run", action="store_true", help="print what would be sent; send nothing")
+    redrive.add_argument(
+        "--rate", type=float, default=100.0, metavar="N", help="at most N records a second (default 100)"
+    )
+    redrive.set_defaults(handler=_errors_redrive)
 
     approve = commands.add_parser(
         "approve",
@@ -337,6 +406,139 @@ def _inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _since(text: str) -> int:
+    from keylane.dead_letters import parse_since
+
+    try:
+        return parse_since(text, now_ms=time.time_ns() // 1_000_000)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _selected(args: argparse.Namespace) -> tuple[Settings, Catalog, list[DeadLetter]]:
+    from keylane.dead_letters import Selection, load
+
+    if args.max_redrives < 1:
+        raise ConfigError(f"--max-redrives must be at least 1, got {args.max_redrives}")
+    settings = _settings(args)
+    catalog = _catalog(settings)
+    chosen = Selection(reason=args.reason, key=args.key, since_ms=args.since)
+    return settings, catalog, [d for d in asyncio.run(load(settings, catalog)) if chosen(d)]
+
+
+def _errors_list(args: argparse.Namespace) -> int:
+    from keylane.dead_letters import to_json, utc
+
+    _, _, dead_letters = _selected(args)
+    if args.json:
+        for dead in dead_letters:
+            print(json.dumps(to_json(dead, max_redrives=args.max_redrives), sort_keys=True))
+        return EXIT_OK
+    print(
+        f"{'id':<36} {'time (UTC)':<19} {'reason':<20} {'key':<24} {'origin':<32} "
+        f"{'redrives':>8} {'status':<12} detail"
+    )
+    for dead in dead_letters:
+        origin = dead.error.origin
+        where = "-" if origin is None else f"{origin.topic}/{origin.partition}@{origin.offset}"
+        status = dead.status(max_redrives=args.max_redrives)
+        print(
+            f"{dead.id:<36} {utc(dead.at_ms):<19} {dead.error.reason:<20} {dead.key or '-':<24} "
+            f"{where:<32} {dead.error.redrives:>8} {status:<12} {_short(dead.error.detail)}"
+        )
+    reasons = Counter(d.error.reason for d in dead_letters)
+    by_reason = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items())) or "none"
+    quarantined = sum(d.status(max_redrives=args.max_redrives) == "quarantined" for d in dead_letters)
+    print(f"{len(dead_letters)} dead letters: {by_reason}; {quarantined} quarantined")
+    return EXIT_OK
+
+
+def _short(detail: str, width: int = 60) -> str:
+    line = " ".join(detail.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def _errors_show(args: argparse.Namespace) -> int:
+    from keylane.dead_letters import UnknownDeadLetter, find_redriven, history, load, search_space, to_json
+
+    settings = _settings(args)
+    catalog = _catalog(settings)
+
+    async def run() -> dict[str, Any]:
+        dead_letters = await load(settings, catalog)
+        dead = next((d for d in dead_letters if d.id == args.id), None)
+        if dead is None:
+            raise UnknownDeadLetter(
+                f"no dead letter {args.id} on {catalog.name(ERRORS)}; 'keylane errors list' shows their ids"
+            )
+        redriven = await find_redriven(settings, search_space([dead], catalog))
+        return {
+            **to_json(dead, max_redrives=args.max_redrives),
+            "history": history(dead, dead_letters, redriven),
+        }
+
+    shown = asyncio.run(run())
+    if args.json:
+        print(json.dumps(shown, sort_keys=True))
+        return EXIT_OK
+    for name in (
+        "id",
+        "reason",
+        "at",
+        "key",
+        "origin",
+        "detail",
+        "status",
+        "redrives",
+        "raw_key",
+        "raw_value",
+    ):
+        print(f"{name:<18} {json.dumps(shown.get(name))}")
+    for name, value in sorted(shown.items()):
+        if name not in _SHOWN_FIRST and name != "history" and not name.startswith("raw_"):
+            print(f"{name:<18} {json.dumps(value, sort_keys=True)}")
+    for name, value in shown["history"].items():
+        print(f"{name:<18} {json.dumps(value, sort_keys=True)}")
+    return EXIT_OK
+
+
+_SHOWN_FIRST = ("id", "error_id", "reason", "at", "key", "origin", "detail", "status", "redrives")
+
+
+def _errors_redrive(args: argparse.Namespace) -> int:
+    from keylane.dead_letters import Step, find_redriven, plan, search_space, send
+
+    if args.rate <= 0:
+        raise ConfigError(f"--rate must be above 0, got {args.rate}")
+    settings, catalog, dead_letters = _selected(args)
+
+    def line(step: Step, verb: str, where: str = "") -> None:
+        key = step.dead.key or "-"
+        print(f"{verb:<12} {step.dead.id} {step.dead.error.reason:<20} {key:<24} {where}")
+
+    def sent(step: Step, partition: int, offset: int) -> None:
+        line(step, "re-driven", f"-> {catalog.name(step.topic)}/{partition}@{offset} (re-drive {step.count})")
+
+    async def run() -> tuple[int, Counter[str]]:
+        redriven = await find_redriven(settings, search_space(dead_letters, catalog))
+        steps = plan(dead_letters, catalog=catalog, redriven=redriven, max_redrives=args.max_redrives)
+        for step in steps:
+            if step.action != "send":
+                line(step, step.action.replace("_", " "), step.why)
+            elif args.dry_run:
+                line(step, "would send", f"-> {catalog.name(step.topic)} (re-drive {step.count})")
+        done = 0 if args.dry_run else await send(settings, catalog, steps, rate=args.rate, on_sent=sent)
+        return done, Counter(step.action for step in steps)
+
+    done, actions = asyncio.run(run())
+    verdict = f"{actions['send']} would be re-driven" if args.dry_run else f"{done} re-driven"
+    print(
+        f"{verdict}, {actions['already']} already re-driven, {actions['quarantined']} quarantined, "
+        f"{actions['no_bytes'] + actions['not_an_input']} cannot be re-driven"
+    )
+    return EXIT_OK
+
+
 def _approve(args: argparse.Namespace) -> int:
     from keylane.approvals import check_waiting, send_approval, span
 
@@ -400,7 +602,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.handler is None:
         parser, metavar, subcommands = args.choose_from
         parser.error(f"missing {metavar}: one of {', '.join(subcommands.choices)}")
-    if args.command in ("topics", "approve", "approvals"):
+    if args.command in ("topics", "approve", "approvals", "errors"):
         # The admin client logs each failed connection attempt; the one-line error below
         # says the same thing with the fix, so keep its noise off the terminal.
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)

@@ -20,6 +20,10 @@ SUBCOMMANDS = [
     ["worker"],
     ["effector"],
     ["inspect"],
+    ["errors"],
+    ["errors", "list"],
+    ["errors", "show"],
+    ["errors", "redrive"],
     ["approve"],
     ["approvals"],
     ["approvals", "list"],
@@ -127,8 +131,8 @@ def newcomer_env(tmp_path: Path, **variables: str) -> dict[str, str]:
         (
             [],
             {},
-            "keylane: missing COMMAND: one of topics, worker, effector, inspect, approve, approvals "
-            "(see 'keylane --help')",
+            "keylane: missing COMMAND: one of topics, worker, effector, inspect, errors, approve, "
+            "approvals (see 'keylane --help')",
         ),
         (
             ["topics"],
