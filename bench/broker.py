@@ -60,7 +60,6 @@ from bench.harness import (
     Step,
     percentile,
     progress,
-    quiet_aiokafka,
     run_steps,
 )
 from bench.names import E2E_NOOP, FANOUT_SHARDS, HOT_KEY_FANOUT, PEER_AIOKAFKA, PEER_FAUST, PER_KEY_CEILING
@@ -69,6 +68,7 @@ from bench.reader import OutRecord, Reader, rate_of
 from bench.scrape import mean_activation_ms
 from keylane.catalog import ERRORS, EVENTS, EVENTS_SHARDED, OUTPUT
 from keylane.kafka.partitioner import expected_partition
+from keylane.kafka.topic_admin import quiet_client_logs
 from keylane.kafka.topic_reader import read_to_end
 from keylane.testing.processes import ProcessFailed, free_port
 from keylane.wire import AgentEnvelope, encode
@@ -357,7 +357,7 @@ async def run_broker_benchmarks(recorder: Recorder, *, size: Size, bootstrap: st
         (PER_KEY_CEILING, bench.per_key_ceiling),
         *((HOT_KEY_FANOUT[n], functools.partial(bench.hot_key_fanout, n)) for n in FANOUT_SHARDS),
     ]
-    with quiet_aiokafka():
+    with quiet_client_logs():  # fresh topics: NotLeaderForPartition retries for a moment
         try:
             await run_steps("broker benchmark step(s)", steps, after_each=bench.stop_all, logs=bench.work_dir)
         finally:

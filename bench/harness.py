@@ -5,14 +5,12 @@ Benchmarks are not tests. They measure; bench/gate.py judges ratios measured in 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import statistics
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -136,17 +134,3 @@ async def run_steps(
         raise BenchFailure(
             f"{len(failures)} {what} failed, first {label}: {first}; logs in {logs}"
         ) from first
-
-
-@contextlib.contextmanager
-def quiet_aiokafka() -> Iterator[None]:
-    """Keep aiokafka's retry warnings off stderr for the block: fresh topics answer the first
-    produce and offset lookups with NotLeaderForPartition for a moment, and aiokafka logs
-    each retry. Real failures raise on their own."""
-    aiokafka_log = logging.getLogger("aiokafka")
-    level = aiokafka_log.level
-    aiokafka_log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        aiokafka_log.setLevel(level)

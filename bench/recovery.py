@@ -63,12 +63,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.deployment import FATAL_MARKERS, REPO, Deployment, Testbed, stop
-from bench.harness import BenchFailure, Recorder, Result, Size, progress, quiet_aiokafka, run_steps
+from bench.harness import BenchFailure, Recorder, Result, Size, progress, run_steps
 from bench.producers import produce_all
 from bench.reader import OutRecord, Reader, rate_of
 from keylane import ActivationContext, AgentConfig, Complete
 from keylane.catalog import EVENTS, OUTPUT
 from keylane.kafka.partitioner import expected_partition
+from keylane.kafka.topic_admin import quiet_client_logs
 from keylane.testing.processes import KeylaneProcess, ManagedProcess, free_port, settings_env
 from keylane.wire import AgentEnvelope, encode
 
@@ -600,7 +601,7 @@ async def run_recovery_benchmarks(
     bench = RecoveryBench(recorder, bootstrap)
     progress(f"recovery benchmarks on {bootstrap}; topics {bench.run_id}-*; logs in {bench.work_dir}")
     sizes = [(result_name(n), functools.partial(bench.size, n)) for n in keys or sizes_for(size)]
-    with quiet_aiokafka():
+    with quiet_client_logs():  # fresh topics: NotLeaderForPartition retries for a moment
         try:
             await run_steps("recovery size(s)", sizes, after_each=bench.stop_all, logs=bench.work_dir)
         finally:

@@ -7,6 +7,8 @@ environment, the repository as working directory, and clean-up after a failed te
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from keylane.testing import processes
 from keylane.testing.processes import ManagedProcess, ProcessFailed, running, settings_env
 from tests.broker import REPO
 
-__all__ = ["KeylaneProcess", "ProcessFailed", "process_env", "running", "stop_leftovers"]
+__all__ = ["KeylaneProcess", "ProcessFailed", "keylane_cli", "process_env", "running", "stop_leftovers"]
 
 _started: list[ManagedProcess] = []
 
@@ -53,3 +55,17 @@ def process_env(settings: Settings, **extra: str) -> dict[str, str]:
         "KEYLANE_SESSION_TIMEOUT_S": "6",
         **extra,
     }
+
+
+def keylane_cli(settings: Settings, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    """A `keylane ...` command as an operator runs it against the test's broker, prefix and
+    group (``extra``: more environment), from the repository; its exit code and whole output."""
+    return subprocess.run(
+        [sys.executable, "-m", "keylane.cli", *args],
+        env=process_env(settings, **extra),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )

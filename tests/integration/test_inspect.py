@@ -5,8 +5,6 @@ the workers stopped (it needs none of them)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,24 +15,15 @@ from keylane.config import Settings
 from keylane.kafka.partitioner import expected_partition
 from keylane.keys import shard_key
 from keylane.wire import AgentEnvelope, encode
-from tests.broker import REPO
 from tests.kafka_io import produce, wait_for_records
-from tests.processes import KeylaneProcess, process_env, running
+from tests.processes import KeylaneProcess, keylane_cli, process_env, running
 
 pytestmark = pytest.mark.kafka
 
 
 def inspect(settings: Settings, *args: str) -> list[dict[str, Any]]:
     """`keylane inspect ... --json` as an operator runs it, each key's object."""
-    done = subprocess.run(
-        [sys.executable, "-m", "keylane.cli", "inspect", *args, "--json"],
-        env=process_env(settings),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = keylane_cli(settings, "inspect", *args, "--json")
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
     return [json.loads(line) for line in done.stdout.splitlines()]
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -95,6 +95,21 @@ def broker_unreachable(settings: Settings, exc: BaseException) -> BrokerUnavaila
         f"{type(exc).__name__}); start a local one with 'make run' or 'make broker', or set "
         "KEYLANE_BOOTSTRAP_SERVERS / --bootstrap-servers to a running cluster"
     )
+
+
+@contextmanager
+def quiet_client_logs() -> Iterator[None]:
+    """Keep aiokafka's own log lines (each failed connection, each retried NotLeaderForPartition
+    of a fresh topic) off the terminal for the block: where a command or a start-up check says
+    what failed in one line (``broker_unreachable``), or a benchmark's fresh topics settle.
+    Real failures still raise."""
+    client_log = logging.getLogger("aiokafka")
+    level = client_log.level
+    client_log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        client_log.setLevel(level)
 
 
 @asynccontextmanager

@@ -6,8 +6,6 @@ import asyncio
 import fcntl
 import importlib.metadata
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -20,7 +18,7 @@ from keylane.errors import ConfigError, TopicDrift
 from keylane.kafka.app import App, build_app, changelog_record_limit, readiness, run
 from keylane.kafka.delivery import delivery_guard
 from keylane.kafka.group_identity import refuse_foreign_agent, worker_client_id
-from keylane.kafka.topic_admin import admin_client, inspect_catalog
+from keylane.kafka.topic_admin import admin_client, inspect_catalog, quiet_client_logs
 from keylane.llm.errors import PROVIDER_ERRORS, RETRIABLE_ERRORS
 from keylane.llm.provider_config import parse_provider_url
 from keylane.llm.resilience import BreakerState, ResilientProvider
@@ -33,20 +31,6 @@ from keylane.stages.health import Check, Heartbeat, MetricsServer
 from keylane.stages.shard_keys import ShardKeys
 
 log = logging.getLogger(__name__)
-
-
-@contextmanager
-def _client_logs_quiet() -> Iterator[None]:
-    """Keep aiokafka's own lines about a failed connection off the terminal during the
-    start-up checks: a broker that does not answer is one line there, naming the fix
-    (kafka/topic_admin.py, broker_unreachable). Once the worker runs, they are logged again."""
-    client_log = logging.getLogger("aiokafka")
-    level = client_log.level
-    client_log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        client_log.setLevel(level)
 
 
 async def verify_topics(settings: Settings, catalog: Catalog) -> None:
@@ -96,7 +80,7 @@ def run_worker(settings: Settings, catalog: Catalog, *, agent_ref: str, config_r
     """Run one agent until a signal; returns the exit code."""
     agent, config = load_agent(agent_ref, config_ref)
     provider = provider_from_url(settings.provider) if settings.provider else None
-    with _client_logs_quiet():
+    with quiet_client_logs():
         asyncio.run(verify_topics(settings, catalog))
         asyncio.run(refuse_foreign_agent(settings, agent_ref))
     app = build_app(settings, catalog, client_id=worker_client_id(agent_ref))
@@ -143,7 +127,7 @@ def run_effector(
         import_module(module)
     if not default_registry.names():
         raise ConfigError("no tools are registered: pass --tools with the module(s) that declare them")
-    with _client_logs_quiet():
+    with quiet_client_logs():
         asyncio.run(verify_topics(settings, catalog))
     effector_settings = settings.with_overrides(
         app_id=f"{settings.app_id}-effector", data_dir=Path(settings.data_dir) / "effector"
