@@ -430,6 +430,7 @@ def _errors_list(args: argparse.Namespace) -> int:
     from keylane.dead_letters import to_json, utc
 
     _, _, dead_letters = _selected(args)
+    dead_letters.sort(key=lambda d: (d.at_ms, d.id))
     if args.json:
         for dead in dead_letters:
             print(json.dumps(to_json(dead, max_redrives=args.max_redrives), sort_keys=True))
@@ -472,10 +473,10 @@ def _errors_show(args: argparse.Namespace) -> int:
                 f"no dead letter {args.id} on {catalog.name(ERRORS)}; 'keylane errors list' shows their ids"
             )
         redriven = await find_redriven(settings, search_space([dead], catalog))
-        return {
-            **to_json(dead, max_redrives=args.max_redrives),
-            "history": history(dead, dead_letters, redriven),
-        }
+        shown = to_json(dead, max_redrives=args.max_redrives)
+        if shown["status"] == "redrivable" and dead.id in redriven:
+            shown["status"] = "redriven"
+        return {**shown, "history": history(dead, dead_letters, redriven)}
 
     shown = asyncio.run(run())
     if args.json:
@@ -495,14 +496,15 @@ def _errors_show(args: argparse.Namespace) -> int:
     ):
         print(f"{name:<18} {json.dumps(shown.get(name))}")
     for name, value in sorted(shown.items()):
-        if name not in _SHOWN_FIRST and name != "history" and not name.startswith("raw_"):
+        if name not in _SHOWN_FIRST and not name.startswith("raw_"):
             print(f"{name:<18} {json.dumps(value, sort_keys=True)}")
+    print("history")
     for name, value in shown["history"].items():
-        print(f"{name:<18} {json.dumps(value, sort_keys=True)}")
+        print(f"  {name:<16} {json.dumps(value, sort_keys=True)}")
     return EXIT_OK
 
 
-_SHOWN_FIRST = ("id", "error_id", "reason", "at", "key", "origin", "detail", "status", "redrives")
+_SHOWN_FIRST = ("id", "error_id", "reason", "at", "key", "origin", "detail", "status", "redrives", "history")
 
 
 def _errors_redrive(args: argparse.Namespace) -> int:

@@ -133,7 +133,9 @@ async def test_redrive_brings_each_dead_letter_back_once_and_keeps_the_history(
 
     (quarantined,) = [d for d in listed(settings, "--max-redrives", "1") if d["status"] == "quarantined"]
     assert quarantined["id"] == failed_again.error_id
-    history = json.loads(keylane(settings, "errors", "show", always["id"], "--json"))["history"]
+    shown_always = json.loads(keylane(settings, "errors", "show", always["id"], "--json"))
+    assert shown_always["status"] == "redriven"
+    history = shown_always["history"]
     assert history["failed_again_as"] == [failed_again.error_id]
     assert [r["count"] for r in history["redriven_as"]] == [1]
     newer = json.loads(keylane(settings, "errors", "show", failed_again.error_id, "--json"))
