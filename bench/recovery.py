@@ -140,7 +140,9 @@ class Replay:
         return sum(n for p, n in self.per_partition.items() if partitions is None or p in partitions)
 
 
-_TABLE_ROW = re.compile(r"\|\s*(\S+)\s*\|\s*(\d+)\s*\|\s*(-?\d+)\s*\|")
+# Faust's recovery tables, as the worker logs them on one line (service/keylane/kafka/app.py):
+# "Highwater - Active: t.keylane-keylane-state-changelog 0 41, 〃 1 -1, ...".
+_TABLE_ROW = re.compile(r"(\S+) (\d+) (-?\d+)(?=,|$|\s)")
 
 
 def takeover_replays(log_text: str, changelog: str) -> list[Replay]:

@@ -318,8 +318,8 @@ class _TablesOnOneLine(logging.Formatter):
 
 
 def tables_on_one_line(text: str) -> str:
-    """``text`` with each boxed table as its rows, cells joined by a space and rows by a comma
-    (the header row dropped), all on one line; text without a table is returned as it is."""
+    """``text`` with each boxed table as its title and rows (cells joined by a space, rows by a
+    comma, the header row dropped), all on one line; text without a table is returned as it is."""
     if "\n+" not in text:
         return text
     parts: list[str] = []
@@ -329,6 +329,9 @@ def tables_on_one_line(text: str) -> str:
         stripped = line.strip()
         if stripped.startswith("+"):
             borders += 1
+            title = stripped.strip("+").split("+")[0].strip("-").strip()
+            if borders == 1 and title:  # the title bar: "+Highwater - Active-----+"
+                parts.append(f"{title}:")
             if borders == 3:
                 parts.append(", ".join(rows))
                 rows, borders = [], 0

@@ -21,7 +21,7 @@ ASSIGNED = """[2026-12-02 08:47:33,696] [14186] [INFO] Setting newly assigned pa
 
 def test_a_table_becomes_its_rows_on_the_line_of_its_message() -> None:
     assert tables_on_one_line(ASSIGNED) == (
-        "[2026-12-02 08:47:33,696] [14186] [INFO] Setting newly assigned partitions "
+        "[2026-12-02 08:47:33,696] [14186] [INFO] Setting newly assigned partitions Topic Partition Set: "
         "stall1.agent.approvals {0-5}, stall1.agent.events {0,2} for group stall1.keylane"
     )
     assert tables_on_one_line("no table here\n  an indented second line") == (
@@ -55,5 +55,6 @@ def test_the_worker_logs_what_faust_renders_as_a_table_on_one_line(tmp_path: obj
 
     assert "\n" not in line
     assert line.endswith(
-        "Setting newly assigned partitions t.agent.events {0-1}, t.agent.results {3} for group g"
+        "Setting newly assigned partitions Topic Partition Set: t.agent.events {0-1}, t.agent.results {3} "
+        "for group g"
     )
