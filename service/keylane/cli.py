@@ -282,6 +282,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="print one JSON object per request (key, intent_id, status, decision, notes, ...) instead",
     )
     listing.set_defaults(handler=_approvals_list)
+
+    cancel = commands.add_parser(
+        "cancel",
+        parents=[common, process_app_id],
+        help="end a key's suspension through its agent's HITL policy, as a timeout would",
+        description="Publish a cancel on agent.control under the key: its lane ends the key's suspension "
+        "through the agent's HITL timeout policy (told who cancelled and why; an Escalate is taken as "
+        "Deny), then runs the events queued behind it. The record is the audit log of the action.",
+    )
+    cancel.add_argument("key", metavar="KEY", help="the physical key (a sharded key's shard: KEY#i)")
+    cancel.add_argument("--operator", required=True, metavar="NAME", help="who cancels, for the audit log")
+    cancel.add_argument(
+        "--reason", required=True, metavar="TEXT", help="why, for the audit log and the policy"
+    )
+    cancel.add_argument("--force", action="store_true", help="send it even if the key is not suspended now")
+    cancel.set_defaults(handler=_cancel)
     return parser
 
 
@@ -595,6 +611,34 @@ def _approvals_list(args: argparse.Namespace) -> int:
             f"{deadline:<20} {note:<{width}} {request.args_json}"
         )
     print(f"{sum(v.status == 'pending' for v in views)} pending of {len(views)} requests")
+    return EXIT_OK
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from keylane.key_commands import send_key_command
+
+    settings = _settings(args)
+    if not args.key.strip() or not args.operator.strip() or not args.reason.strip():
+        raise ConfigError("KEY, --operator and --reason must not be empty")
+    command, view = asyncio.run(
+        send_key_command(
+            settings,
+            _catalog(settings),
+            key=args.key,
+            action="cancel",
+            operator=args.operator,
+            reason=args.reason,
+            force=args.force,
+        )
+    )
+    waiting = view.state.continuation if view.state is not None else None
+    what = (
+        f"its suspension at seq {waiting.seq}" if waiting is not None else "its suspension, if any by then,"
+    )
+    print(
+        f"cancel {command.command_id} sent for {command.entity_key} by {command.operator}: {what} ends "
+        f"through the agent's HITL policy; 'keylane inspect {command.entity_key}' shows the result"
+    )
     return EXIT_OK
 
 

@@ -27,6 +27,7 @@ SUBCOMMANDS = [
     ["approve"],
     ["approvals"],
     ["approvals", "list"],
+    ["cancel"],
 ]
 
 
@@ -132,7 +133,7 @@ def newcomer_env(tmp_path: Path, **variables: str) -> dict[str, str]:
             [],
             {},
             "keylane: missing COMMAND: one of topics, worker, effector, inspect, errors, approve, "
-            "approvals (see 'keylane --help')",
+            "approvals, cancel (see 'keylane --help')",
         ),
         (
             ["topics"],

@@ -1,0 +1,66 @@
+"""Operator commands on one key (`keylane cancel`): checked against the key's stored state,
+then published on agent.control under the key, where its lane applies them in order.
+
+agent.control is co-partitioned with the key's other inputs, so a command runs in the key's
+lane after everything that reached the key before it, exactly once (its offset is applied
+like any input's), and its record stays as the audit log: who (``operator``), what
+(``action``), when (``issued_at_ms``) and why (``reason``). Commands are signed with the
+signing keys, and the worker checks them as it checks approvals.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from keylane.catalog import CONTROL, Catalog
+from keylane.config import Settings
+from keylane.errors import KeylaneError
+from keylane.inspect import KeyView, inspect_keys
+from keylane.kafka.producer import producer
+from keylane.wire import KeyAction, KeyCommand, encode
+
+
+class CommandRefused(KeylaneError):
+    """The command would do nothing to the key as it is stored; the message says why, and
+    ``--force`` sends it anyway."""
+
+
+async def send_key_command(
+    settings: Settings,
+    catalog: Catalog,
+    *,
+    key: str,
+    action: KeyAction,
+    operator: str,
+    reason: str,
+    force: bool,
+) -> tuple[KeyCommand, KeyView]:
+    """Publish ``action`` on ``key`` (signed when signing keys are configured) and return it
+    with the key's stored state it was checked against. Unless ``force``, CommandRefused
+    when the key is not suspended (a cancel would find nothing to end)."""
+    (view,) = await inspect_keys(settings, catalog, key, logical=False)
+    if not force:
+        if view.unreadable is not None:
+            raise CommandRefused(
+                f"{key}'s stored state does not read ({view.unreadable}); nothing runs for it until that "
+                "is fixed, so a cancel would only be dead-lettered; --force sends it anyway"
+            )
+        if view.state is None or view.state.continuation is None:
+            raise CommandRefused(
+                f"{key} is not suspended, so there is nothing to cancel ('keylane inspect {key}' shows its "
+                "state; a sharded key's suspensions are on its shards KEY#i); --force sends it anyway"
+            )
+    command = settings.keyring().sign(
+        KeyCommand(
+            command_id=str(uuid.uuid4()),
+            entity_key=key,
+            action=action,
+            operator=operator,
+            reason=reason,
+            issued_at_ms=time.time_ns() // 1_000_000,
+        )
+    )
+    async with producer(settings) as kafka:  # murmur2: the key's partition, its lane
+        await kafka.send_and_wait(catalog.name(CONTROL), key=key.encode(), value=encode(command))
+    return command, view
