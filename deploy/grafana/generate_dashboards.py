@@ -44,6 +44,10 @@ def _rate(metric: str, by: str = "") -> str:
     return f"sum{grouping} (rate({metric}{{{SEL}}}{RATE}))"
 
 
+CANCELLED = f'sum (rate(keylane_key_commands_total{{{SEL}, action="cancel", outcome="done"}}{RATE}))'
+"""Suspensions operators ended with `keylane cancel`, per second."""
+
+
 def _quantile(q: float, histogram: str, by: str = "") -> str:
     grouping = f"le, {by}" if by else "le"
     return f"histogram_quantile({q}, sum by ({grouping}) (rate({histogram}_bucket{{{SEL}}}{RATE})))"
@@ -285,12 +289,13 @@ def overview() -> builders.Dashboard:
         .with_panel(
             _timeseries(
                 31,
-                "Suspensions/s and events buffered/s",
-                "Activations that suspended (waiting for a tool result or an approval), and events "
-                "queued behind a suspended key.",
+                "Suspensions/s, events buffered/s and cancels/s",
+                "Activations that suspended (waiting for a tool result or an approval), events "
+                "queued behind a suspended key, and suspensions operators ended (keylane cancel).",
                 [
                     (_rate("keylane_suspensions_total"), "suspensions"),
                     (_rate("keylane_events_buffered_total"), "events buffered"),
+                    (CANCELLED, "cancelled by an operator"),
                 ],
                 unit="ops",
                 width=6,

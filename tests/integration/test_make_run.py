@@ -85,7 +85,7 @@ def test_run_local_serves_the_example_and_ctrl_c_stops_everything(tmp_path: Path
     try:
         shown = wait_for_text(log_path, "keylane is running", 100, proc)
         broker_pids = [n["pid"] for n in json.loads((state / "cluster.json").read_text())["nodes"]]
-        assert "9 created" in shown
+        assert "10 created" in shown
 
         subprocess.run(printed_command(shown, "produce"), shell=True, check=True, timeout=30)  # noqa: S602
         consume = printed_command(shown, "consume") + " -c 1 -e"
@@ -122,7 +122,7 @@ def test_run_local_serves_the_example_and_ctrl_c_stops_everything(tmp_path: Path
             check=False,
         )
         said = checked.stdout + checked.stderr
-        assert (checked.returncode, said.splitlines()[-1:]) == (0, ["all 9 topics match the catalog"]), said
+        assert (checked.returncode, said.splitlines()[-1:]) == (0, ["all 10 topics match the catalog"]), said
 
         prometheus_url = printed_command(shown, "prometheus").split()[0]
         assert local_prometheus().answers_ready(prometheus_url), f"{prometheus_url}/-/ready"

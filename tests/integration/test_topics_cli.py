@@ -47,10 +47,10 @@ async def test_apply_twice_changes_nothing_the_second_time(settings: Settings) -
     second = keylane(settings, "topics", "apply")
 
     assert second.returncode == 0, second.stderr
-    assert "0 created, 0 reconfigured, 9 unchanged: nothing to change" in second.stdout
+    assert "0 created, 0 reconfigured, 10 unchanged: nothing to change" in second.stdout
     check = keylane(settings, "topics", "check")
     assert check.returncode == 0, check.stdout
-    assert "all 9 topics match the catalog" in check.stdout
+    assert "all 10 topics match the catalog" in check.stdout
 
 
 async def test_partition_mismatch_is_refused_and_nothing_changes(settings: Settings) -> None:

@@ -15,8 +15,10 @@ from keylane.kafka.topic_admin import broker_unreachable
 async def producer(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
     """``async with producer(settings) as p: await p.send_and_wait(topic, key=..., value=...)``:
     a started producer on the settings' bootstrap servers, stopped on exit. BrokerUnavailable
-    when no broker answers."""
-    client = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_list, acks="all")
+    when no broker answers. Idempotent: a send the client retries after a lost answer (a broker
+    timing out, a leader moving) is written once, so a decision, a command or a re-driven dead
+    letter never lands twice."""
+    client = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_list, acks="all", enable_idempotence=True)
     try:
         await client.start()
     except Exception as exc:
