@@ -6,7 +6,6 @@ import asyncio
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,25 +14,15 @@ from keylane.catalog import APPROVAL_REQUESTS, APPROVALS, ERRORS, EVENTS, OUTPUT
 from keylane.config import Settings
 from keylane.kafka.topic_reader import TopicRecord, read_to_end
 from keylane.wire import AgentEnvelope, Approval, ApprovalRequest, ErrorRecord, decode, encode
-from tests.broker import REPO
 from tests.kafka_io import kcat_produce, produce, wait_for_records
-from tests.processes import KeylaneProcess, process_env, running
+from tests.processes import KeylaneProcess, keylane_cli, process_env, running
 
 pytestmark = pytest.mark.kafka
 
 AGENT = ["worker", "--agent", "tests.agents.approval:ask_first"]
 
 
-def keylane(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "keylane.cli", *args],
-        env=process_env(settings, **env),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+keylane = keylane_cli
 
 
 def by_key(records: list[TopicRecord]) -> dict[bytes, list[bytes]]:

@@ -6,8 +6,6 @@ quarantined past the limit. Every command runs as an operator runs it."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +17,8 @@ from keylane.config import Settings
 from keylane.kafka.topic_reader import read_to_end
 from keylane.records import ORIGIN_HEADER, REDRIVE_OF_HEADER, REDRIVES_HEADER
 from keylane.wire import AgentEnvelope, ErrorRecord, decode, encode
-from tests.broker import REPO
 from tests.kafka_io import produce, wait_for_records
-from tests.processes import KeylaneProcess, process_env, running
+from tests.processes import KeylaneProcess, keylane_cli, process_env, running
 
 pytestmark = pytest.mark.kafka
 
@@ -30,15 +27,7 @@ EVENTS_SENT = [("k-ok", "fine"), ("k-1", "bug-1"), ("k-2", "bug-2"), ("k-3", "bu
 
 def keylane(settings: Settings, *args: str) -> str:
     """A `keylane` command as an operator runs it; its stdout (it must succeed, silently on stderr)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "keylane.cli", *args],
-        env=process_env(settings),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = keylane_cli(settings, *args)
     assert (done.returncode, done.stderr) == (0, ""), done.stdout + done.stderr
     return done.stdout
 
