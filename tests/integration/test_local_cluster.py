@@ -83,7 +83,7 @@ async def test_three_node_cluster_replicates_topics_and_changelogs_and_takes_wri
             local_default = await apply_catalog(client, load_catalog(prefix=f"l{unique}."))
         assert applied.warnings == []
         assert local_default.warnings == [
-            f"9 topic(s) (l{unique}.agent.events, ...) have replication factor below 3 on a cluster of 3 "
+            f"10 topic(s) (l{unique}.agent.events, ...) have replication factor below 3 on a cluster of 3 "
             "brokers: losing one broker can lose their data; set KEYLANE_REPLICATION_FACTOR=3"
         ]
 

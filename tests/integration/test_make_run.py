@@ -42,6 +42,11 @@ def printed_command(shown: str, label: str) -> str:
     return match.group(1)
 
 
+MAKE_CONTEXT = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")
+"""What a `make` running these tests (`make test`) passes down: a `make run` started with it is
+a sub-make and prints "make[1]: Entering directory" lines a newcomer's shell does not show."""
+
+
 def run_env(tmp_path: Path, name: str) -> dict[str, str]:
     """The environment of a `make run` whose Kafka state is in tmp_path/kafka, its topics and
     group named after ``name``, nothing exported about the broker, free ports for the metrics
@@ -57,7 +62,12 @@ def run_env(tmp_path: Path, name: str) -> dict[str, str]:
         "KEYLANE_PROMETHEUS_PORT": str(free_port()),
         "SUPPORT_LEDGER": str(tmp_path / "ledger.jsonl"),
     }
-    for variable in ("KEYLANE_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS", "KEYLANE_REPLICATION_FACTOR"):
+    for variable in (
+        "KEYLANE_BOOTSTRAP_SERVERS",
+        "KAFKA_BOOTSTRAP_SERVERS",
+        "KEYLANE_REPLICATION_FACTOR",
+        *MAKE_CONTEXT,
+    ):
         env.pop(variable, None)
     return env
 
@@ -153,11 +163,12 @@ def cli_exports(line: str) -> dict[str, str]:
 
 
 def newcomer_env() -> dict[str, str]:
-    """This environment without any Kafka address or keylane setting: a fresh shell's."""
+    """This environment without any Kafka address, keylane setting or enclosing make: a fresh
+    shell's."""
     return {
         name: value
         for name, value in os.environ.items()
-        if not name.startswith("KEYLANE_") and name != "KAFKA_BOOTSTRAP_SERVERS"
+        if not name.startswith("KEYLANE_") and name != "KAFKA_BOOTSTRAP_SERVERS" and name not in MAKE_CONTEXT
     }
 
 
