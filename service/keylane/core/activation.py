@@ -266,15 +266,12 @@ class KeyRuntime:
 
         kind = "approval" if isinstance(parsed, Approval) else "result"
         mode = self.approval_signatures if isinstance(parsed, Approval) else self.result_signatures
-        if mode != "off":
-            verdict = self.keyring.verify(parsed)
-            if verdict != "ok":
-                metrics.UNSIGNED.labels(kind).inc()
-                if mode == "require":
-                    detail = f"{verdict}: {kind} for {parsed.intent_id} refused"
-                    reason: ErrorReason = "unsigned_approval" if kind == "approval" else "unsigned_result"
-                    return Decision(None, [self._error(record, reason, detail, entity_key=key_text)])
-                log.warning("%s %s is %s; accepted (permissive mode)", kind, parsed.intent_id, verdict)
+        reason: ErrorReason = "unsigned_approval" if kind == "approval" else "unsigned_result"
+        refused = self._unsigned(
+            record, parsed, mode, kind, reason, f"{kind} for {parsed.intent_id}", key_text
+        )
+        if refused is not None:
+            return refused
         orphan = self._admission(state, parsed)
         if orphan == UNAWAITED:
             metrics.UNAWAITED_RESULTS.labels(kind).inc()
@@ -589,18 +586,12 @@ class KeyRuntime:
         suspended (it resumed first) is left as it is. Signed like approvals when
         KEYLANE_APPROVAL_SIGNATURES asks for it."""
         key_text = key.decode()
-        if self.approval_signatures != "off":
-            verdict = self.keyring.verify(command)
-            if verdict != "ok":
-                metrics.UNSIGNED.labels("command").inc()
-                if self.approval_signatures == "require":
-                    detail = f"{verdict}: {command.action} by {command.operator} refused"
-                    return Decision(
-                        None, [self._error(record, "unsigned_command", detail, entity_key=key_text)]
-                    )
-                log.warning(
-                    "%s by %s is %s; accepted (permissive mode)", command.action, command.operator, verdict
-                )
+        what = f"{command.action} by {command.operator}"
+        refused = self._unsigned(
+            record, command, self.approval_signatures, "command", "unsigned_command", what, key_text
+        )
+        if refused is not None:
+            return refused
         why = f"by {command.operator}: {command.reason}"
         outcome = timed_out(state, record, key, self.config.hitl_policy, now_ms=self.clock(), cancelled=why)
         if outcome is None:
@@ -621,6 +612,31 @@ class KeyRuntime:
             next_state, drained = await self._drain_buffered(next_state, key, record, emits)
             emits.extend(drained)
         return self._commit(next_state, record, emits, key)
+
+    def _unsigned(
+        self,
+        record: InputRecord,
+        signed: ToolResult | Approval | KeyCommand,
+        mode: Mode,
+        kind: str,
+        reason: ErrorReason,
+        what: str,
+        key_text: str,
+    ) -> Decision | None:
+        """The signature check of a result, an approval or an operator's command under ``mode``:
+        a Decision refusing it as ``reason`` when ``require`` finds no valid signature; None to
+        go on (signed, ``off``, or ``permissive``, which logs and counts what it lets through)."""
+        if mode == "off":
+            return None
+        verdict = self.keyring.verify(signed)
+        if verdict == "ok":
+            return None
+        metrics.UNSIGNED.labels(kind).inc()
+        if mode == "require":
+            detail = f"{verdict}: {what} refused"
+            return Decision(None, [self._error(record, reason, detail, entity_key=key_text)])
+        log.warning("%s is %s; accepted (permissive mode)", what, verdict)
+        return None
 
     async def _drain_buffered(
         self, state: KeyState, key: bytes, record: InputRecord, before: list[Emit]
