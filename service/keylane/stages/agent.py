@@ -53,6 +53,7 @@ from keylane.kafka.origin_check import origin_check_for
 from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.pauses import PauseWatch
 from keylane.kafka.publish import RAW, Publisher, raw_topic
+from keylane.kafka.restore_start import RestoreStart
 from keylane.records import ORIGIN_HEADER, Emit, InputRecord, error_emit, origin_header
 from keylane.wire import encode
 
@@ -98,6 +99,8 @@ class AgentProcessor:
         track_changelog(self.table)  # a state write counts as produced only once Kafka has it
         self.fence = EpochFence(self.table, epoch_of, owns=owns_partition(app, catalog.name(events)))
         self.fence.install()  # a restore never takes a former owner's late write over its successor's
+        # ... nor starts past records a former owner wrote while this worker was away
+        RestoreStart(self.table, app).install()
         self.pauses = PauseWatch(
             float(app.conf.broker_session_timeout),
             generation=partial(group_generation, app),

@@ -44,6 +44,7 @@ from keylane.kafka.lane_feed import lane_agent
 from keylane.kafka.offset_guard import guard_offsets
 from keylane.kafka.pauses import PauseWatch
 from keylane.kafka.publish import Publisher, raw_topic
+from keylane.kafka.restore_start import RestoreStart
 from keylane.records import Emit, InputRecord, error_emit
 from keylane.signing import Keyring, Mode
 from keylane.stages.effector.claims import ClaimStore
@@ -145,6 +146,8 @@ class Effector:
             value_type=bytes,
         )
         track_changelog(self.table)  # a claim counts as written only once Kafka has it
+        # a restore never starts past claims another effector wrote while this one was away
+        RestoreStart(self.table, app).install()
         self.claims = ClaimStore(self.table)
         self.handler = IntentHandler(
             registry,
