@@ -144,8 +144,8 @@ TIMERS_IGNORED = Counter("keylane_timers_ignored", "Timer fires ignored as stale
 TIMERS_SENT = Counter("keylane_timers_sent", "Timer-fired commands sent by the scan.", ["kind"])
 STALE_STATE_WRITES = Counter(
     "keylane_stale_state_writes",
-    "State changelog records a restore skipped: written by a former owner of the partition "
-    "(a paused or revoked worker) after its successor's.",
+    "Keys whose last state changelog record a restore skipped as a former owner's late write "
+    "(a paused or revoked worker's, landed after its successor's); the owner wrote each again.",
 )
 QUARANTINED_KEYS = Gauge(
     "keylane_quarantined_keys",

@@ -17,12 +17,13 @@ goes down, even if the group's generation were ever to start over. With Kafka's 
 rebalancing a member's partitions are revoked before it joins the next generation, so no job
 of a partition's former owner starts under the epoch its successor holds it in.
 
-Restoring a state changelog (``keep_newest_epoch``) applies a record only if its epoch is at
-least the epoch of what is stored for its key: a late write from a smaller epoch is skipped,
-counted in ``keylane_stale_state_writes_total`` and logged. Because compaction keeps a key's
-*last* record, a skipped record is also remembered, and once this worker owns the partition
-(its recovery done) it writes the key's restored value again (``heal``), so the log's last
-record for the key is the owner's once more.
+Restoring a state changelog (``EpochFence``) applies a record only if its epoch is at least
+the epoch of what is stored for its key: a late write from a smaller epoch is skipped.
+Because compaction keeps a key's *last* record, a skipped record is also remembered while it
+is its key's last one, and once this worker owns the partition (its recovery done) it writes
+the key's restored value again (``heal``), so the log's last record for the key is the
+owner's once more; each such key is counted in ``keylane_stale_state_writes_total`` and
+logged.
 """
 
 from __future__ import annotations
@@ -95,11 +96,13 @@ class EpochFence:
             epoch = self.epoch_of(message.value)
             current = latest[where] if where in latest else self._stored_epoch(*where)
             if epoch is not None and current is not None and epoch < current:
+                # Counted and logged only if it stays the key's last record (``heal``): a
+                # restore that starts before values the store holds already (a rewound one,
+                # service/keylane/kafka/restore_start.py) meets their older records first.
                 self.stale[where] = epoch
-                metrics.STALE_STATE_WRITES.inc()
-                log.warning(
-                    "skipped a late state write for %r (changelog partition %s, offset %s): its "
-                    "epoch %s is older than the stored %s, a former owner's write",
+                log.debug(
+                    "skipped a state write for %r (changelog partition %s, offset %s): its epoch %s "
+                    "is older than the stored %s",
                     message.key,
                     message.partition,
                     message.offset,
@@ -114,7 +117,8 @@ class EpochFence:
 
     def heal(self) -> int:
         """Write again the stored value of every key whose last changelog record is a
-        skipped late write, on the partitions this worker owns; returns how many."""
+        skipped late write, on the partitions this worker owns (each counted in
+        ``keylane_stale_state_writes_total`` and logged); returns how many."""
         healed = 0
         for (partition, key), epoch in list(self.stale.items()):
             if not self.owns(partition):
@@ -125,7 +129,15 @@ class EpochFence:
                 continue
             self.table.send_changelog(partition, key, value, key_serializer="raw", value_serializer="raw")
             healed += 1
-            log.info("rewrote %r over a former owner's late write (epoch %s)", key, epoch)
+            metrics.STALE_STATE_WRITES.inc()
+            log.warning(
+                "the last changelog record of %r (partition %s) is a former owner's late write, epoch %s "
+                "older than the stored %s: the restore skipped it, and the owner wrote the key again",
+                key,
+                partition,
+                epoch,
+                self.epoch_of(value),
+            )
         return healed
 
     def _stored(self, partition: int, key: bytes) -> bytes | None:
