@@ -14,12 +14,14 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from keylane.catalog import ERRORS, Catalog, load_catalog
 from keylane.config import Settings
 from keylane.errors import ConfigError, KeylaneError
 from keylane.kafka.topic_admin import admin_client, apply_catalog, inspect_catalog
+from keylane.wire import KeyAction
 
 if TYPE_CHECKING:
     from keylane.dead_letters import DeadLetter
@@ -298,6 +300,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cancel.add_argument("--force", action="store_true", help="send it even if the key is not suspended now")
     cancel.set_defaults(handler=_cancel)
+
+    pause = commands.add_parser(
+        "pause",
+        parents=[common, process_app_id],
+        help="hold a key's inputs (events, results, approvals) until it is resumed",
+        description="Publish a pause on agent.control under the key: from then on its lane holds every "
+        "input of the key in its state, in order (bounded by the agent's max_buffered_events and "
+        "max_buffered_bytes), while every other key keeps running; its timers wait too. The pause is "
+        "part of the key's state: it survives restarts and rebalances. The record is the audit log.",
+    )
+    resume = commands.add_parser(
+        "resume",
+        parents=[common, process_app_id],
+        help="run what a paused key held, in order, and let its inputs through again",
+        description="Publish a resume on agent.control under the key: its lane runs the inputs the key "
+        "held, in the order they arrived, then its new inputs as before. The record is the audit log.",
+    )
+    for parser_of, verb, needs in ((pause, "pauses", "paused"), (resume, "resumes", "not paused")):
+        parser_of.add_argument("key", metavar="KEY", help="the physical key (a sharded key's shard: KEY#i)")
+        parser_of.add_argument(
+            "--operator", required=True, metavar="NAME", help=f"who {verb}, for the audit log"
+        )
+        parser_of.add_argument("--reason", required=True, metavar="TEXT", help="why, for the audit log")
+        parser_of.add_argument("--force", action="store_true", help=f"send it even if the key is {needs} now")
+    pause.set_defaults(handler=partial(_pause_or_resume, "pause"))
+    resume.set_defaults(handler=partial(_pause_or_resume, "resume"))
     return parser
 
 
@@ -638,6 +666,36 @@ def _cancel(args: argparse.Namespace) -> int:
     print(
         f"cancel {command.command_id} sent for {command.entity_key} by {command.operator}: {what} ends "
         f"through the agent's HITL policy; 'keylane inspect {command.entity_key}' shows the result"
+    )
+    return EXIT_OK
+
+
+def _pause_or_resume(action: KeyAction, args: argparse.Namespace) -> int:
+    from keylane.key_commands import send_key_command
+
+    settings = _settings(args)
+    if not args.key.strip() or not args.operator.strip() or not args.reason.strip():
+        raise ConfigError("KEY, --operator and --reason must not be empty")
+    command, view = asyncio.run(
+        send_key_command(
+            settings,
+            _catalog(settings),
+            key=args.key,
+            action=action,
+            operator=args.operator,
+            reason=args.reason,
+            force=args.force,
+        )
+    )
+    held = len(view.state.held) if view.state is not None else 0
+    what = (
+        "its inputs wait in its state from now on, until 'keylane resume'"
+        if action == "pause"
+        else f"its {held} held inputs run in order, then its new ones"
+    )
+    print(
+        f"{action} {command.command_id} sent for {command.entity_key} by {command.operator}: {what}; "
+        f"'keylane inspect {command.entity_key}' shows the result"
     )
     return EXIT_OK
 

@@ -111,6 +111,15 @@ def summary(view: KeyView, *, now_ms: int) -> dict[str, Any]:
             {"topic": e.origin_topic, "at": f"{e.origin_partition}@{e.origin_offset}", "bytes": len(e.value)}
             for e in state.buffered
         ],
+        "paused": (
+            None
+            if state.paused is None
+            else {"by": state.paused.operator, "reason": state.paused.reason, "at_ms": state.paused.at_ms}
+        ),
+        "held_inputs": [
+            {"topic": e.origin_topic, "at": f"{e.origin_partition}@{e.origin_offset}", "bytes": len(e.value)}
+            for e in state.held
+        ],
         "outbox": [{"topic": o.topic, "record_id": o.record_id, "bytes": len(o.value)} for o in state.outbox],
         "applied": dict(state.applied),
         "timers": {kind: {"deadline_ms": timer.deadline_ms} for kind, timer in state.timers.items()},

@@ -1,5 +1,6 @@
-"""Operator commands on one key (`keylane cancel`): checked against the key's stored state,
-then published on agent.control under the key, where its lane applies them in order.
+"""Operator commands on one key (`keylane cancel`, `pause`, `resume`): checked against the
+key's stored state, then published on agent.control under the key, where its lane applies
+them in order.
 
 agent.control is co-partitioned with the key's other inputs, so a command runs in the key's
 lane after everything that reached the key before it, exactly once (its offset is applied
@@ -37,20 +38,14 @@ async def send_key_command(
     force: bool,
 ) -> tuple[KeyCommand, KeyView]:
     """Publish ``action`` on ``key`` (signed when signing keys are configured) and return it
-    with the key's stored state it was checked against. Unless ``force``, CommandRefused
-    when the key is not suspended (a cancel would find nothing to end)."""
+    with the key's stored state it was checked against. Unless ``force``, CommandRefused when
+    the command would find nothing to do: a cancel for a key that is not suspended, a pause
+    for a paused key, a resume for one that is not paused."""
     (view,) = await inspect_keys(settings, catalog, key, logical=False)
     if not force:
-        if view.unreadable is not None:
-            raise CommandRefused(
-                f"{key}'s stored state does not read ({view.unreadable}); nothing runs for it until that "
-                "is fixed, so a cancel would only be dead-lettered; --force sends it anyway"
-            )
-        if view.state is None or view.state.continuation is None:
-            raise CommandRefused(
-                f"{key} is not suspended, so there is nothing to cancel ('keylane inspect {key}' shows its "
-                "state; a sharded key's suspensions are on its shards KEY#i); --force sends it anyway"
-            )
+        refused = _nothing_to_do(view, action)
+        if refused is not None:
+            raise CommandRefused(f"{refused}; --force sends it anyway")
     command = settings.keyring().sign(
         KeyCommand(
             command_id=str(uuid.uuid4()),
@@ -64,3 +59,24 @@ async def send_key_command(
     async with producer(settings) as kafka:  # murmur2: the key's partition, its lane
         await kafka.send_and_wait(catalog.name(CONTROL), key=key.encode(), value=encode(command))
     return command, view
+
+
+def _nothing_to_do(view: KeyView, action: KeyAction) -> str | None:
+    """Why ``action`` would change nothing for the key as stored, or None."""
+    key = view.key
+    if view.unreadable is not None and action != "pause":
+        return (
+            f"{key}'s stored state does not read ({view.unreadable}); nothing runs for it until that is "
+            f"fixed, so a {action} would only be dead-lettered"
+        )
+    state = view.state
+    if action == "cancel" and (state is None or state.continuation is None):
+        return (
+            f"{key} is not suspended, so there is nothing to cancel ('keylane inspect {key}' shows its "
+            "state; a sharded key's suspensions are on its shards KEY#i)"
+        )
+    if action == "pause" and state is not None and state.paused is not None:
+        return f"{key} is paused already, by {state.paused.operator}: {state.paused.reason}"
+    if action == "resume" and (state is None or state.paused is None):
+        return f"{key} is not paused ('keylane inspect {key}' shows its state)"
+    return None

@@ -135,8 +135,9 @@ UNSIGNED = Counter(
 )
 KEY_COMMANDS = Counter(
     "keylane_key_commands",
-    "Operator commands on one key (agent.control) a key's lane applied: done (a cancel ended "
-    "the suspension) or not_suspended (nothing to cancel any more).",
+    "Operator commands on one key (agent.control) a key's lane applied, by action (cancel, "
+    "pause, resume) and outcome: done, or what made it change nothing (not_suspended, "
+    "already_paused, not_paused).",
     ["action", "outcome"],
 )
 TIMERS_FIRED = Counter("keylane_timers_fired", "Due timer fires applied by a key's lane.", ["kind"])
@@ -151,6 +152,15 @@ QUARANTINED_KEYS = Gauge(
     "keylane_quarantined_keys",
     "Keys of this worker's partitions whose stored state does not read (a newer keylane's "
     "blob, or corrupt): their inputs are dead-lettered as poison_state.",
+)
+PAUSED_KEYS = Gauge(
+    "keylane_paused_keys",
+    "Keys of this worker's partitions an operator paused (keylane pause): their inputs are held.",
+)
+INPUTS_HELD = Counter(
+    "keylane_inputs_held",
+    "Inputs a paused key held for its resume, by the logical topic they came from.",
+    ["topic"],
 )
 WAITING_KEYS = Gauge(
     "keylane_waiting_keys",
@@ -319,7 +329,11 @@ INFO = Gauge(
 
 WAITING_KINDS = ("approval", "tool")
 UNSIGNED_KINDS = ("intent", "approval", "result", "command")
-KEY_COMMAND_OUTCOMES = ("done", "not_suspended")
+KEY_COMMAND_OUTCOMES: dict[str, tuple[str, ...]] = {
+    "cancel": ("done", "not_suspended"),
+    "pause": ("done", "already_paused"),
+    "resume": ("done", "not_paused"),
+}
 ACTIVATION_KINDS = ("start", "resume")
 
 
@@ -333,7 +347,7 @@ def zero_fixed_labels() -> None:
     zero(ORPHANED_RESULTS, get_args(OrphanDetail))
     zero(UNSIGNED, UNSIGNED_KINDS)
     for action in get_args(KeyAction):
-        for outcome in KEY_COMMAND_OUTCOMES:
+        for outcome in KEY_COMMAND_OUTCOMES[action]:
             KEY_COMMANDS.labels(action, outcome)
     zero(UNAWAITED_RESULTS, ("result", "approval"))
     zero(TIMERS_FIRED, get_args(TimerKind))

@@ -131,7 +131,7 @@ class Approval(msgspec.Struct, kw_only=True, omit_defaults=True):
     key_id: str | None = None
 
 
-KeyAction = Literal["cancel"]
+KeyAction = Literal["cancel", "pause", "resume"]
 
 
 class KeyCommand(msgspec.Struct, kw_only=True, omit_defaults=True):

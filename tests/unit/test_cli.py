@@ -133,7 +133,7 @@ def newcomer_env(tmp_path: Path, **variables: str) -> dict[str, str]:
             [],
             {},
             "keylane: missing COMMAND: one of topics, worker, effector, inspect, errors, approve, "
-            "approvals, cancel (see 'keylane --help')",
+            "approvals, cancel, pause, resume (see 'keylane --help')",
         ),
         (
             ["topics"],

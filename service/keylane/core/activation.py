@@ -79,12 +79,14 @@ from keylane.core.state import (
     Continuation,
     IntentKind,
     KeyState,
+    Paused,
     PendingIntent,
     UnencodableState,
     UnreadableState,
     encode_state,
     over_limit,
     seal,
+    waiting_input,
 )
 from keylane.core.timeouts import collected, fire_is_due, timed_out
 from keylane.core.timers import TTL, arm
@@ -116,6 +118,8 @@ DEFAULT_CHANGELOG_MAX_BYTES = 1_000_000
 ``producer_max_request_size``, the first limit a record meets. The worker passes its own
 (``KeyRuntime(changelog_max_bytes=...)``): the smaller of its producer's request limit and
 the changelog topic's ``max.message.bytes``."""
+PAUSE_ACTIONS: Final = ("pause", "resume")
+"""Operator commands a paused key applies at once; it holds every other input."""
 RECORD_OVERHEAD_BYTES = 1024
 """Reserved in a changelog record for everything but the value and the key: the record
 batch header (61 bytes), the record's own overhead (at most 21) and headers, with room."""
@@ -251,6 +255,21 @@ class KeyRuntime:
                 metrics.REDELIVERIES.labels(metrics.topic_label(record.topic)).inc()
                 return Decision(_owned(state, record), republished(state, record))
 
+        if isinstance(parsed, KeyCommand) and parsed.action in PAUSE_ACTIONS:
+            return await self._on_pause_command(record, parsed, state, key)
+        if state.paused is not None:
+            return self._hold(state, record, parsed, key)
+        return await self._dispatch(record, parsed, state, key, key_text)
+
+    async def _dispatch(
+        self,
+        record: InputRecord,
+        parsed: AgentEnvelope | ToolResult | Approval | TimerFired | KeyCommand,
+        state: KeyState,
+        key: bytes,
+        key_text: str,
+    ) -> Decision:
+        """Steps 3-8 for an input the key runs now (not a redelivery, the key not paused)."""
         if isinstance(parsed, TimerFired):
             return await self._on_timer(record, parsed, state, key)
         if isinstance(parsed, KeyCommand):
@@ -310,15 +329,7 @@ class KeyRuntime:
                 f"(max_buffered_bytes={config.max_buffered_bytes})"
             )
         else:
-            buffered = BufferedEvent(
-                value=value,
-                origin_topic=record.topic,
-                origin_broker_topic=record.broker_topic,
-                origin_partition=record.partition,
-                origin_offset=record.offset,
-                copy_of=record.origin,
-            )
-            staged = self._advance(state, record, [], extra_buffered=(buffered,))
+            staged = self._advance(state, record, [], extra_buffered=(waiting_input(record),))
             sealed = self._seal(staged, key)
             if sealed is not None:
                 metrics.EVENTS_BUFFERED.inc()
@@ -612,6 +623,118 @@ class KeyRuntime:
             next_state, drained = await self._drain_buffered(next_state, key, record, emits)
             emits.extend(drained)
         return self._commit(next_state, record, emits, key)
+
+    def _hold(
+        self,
+        state: KeyState,
+        record: InputRecord,
+        parsed: AgentEnvelope | ToolResult | Approval | TimerFired | KeyCommand,
+        key: bytes,
+    ) -> Decision:
+        """An input for a paused key waits in its state (``held``), in arrival order, for the
+        key's resume; or is dead-lettered as ``buffer_full`` (the state untouched) when the
+        key's hold or its state would go past a limit (the queue's limits, AgentConfig's
+        ``max_buffered_events`` / ``max_buffered_bytes``). A timer fire is ignored: the
+        resume re-arms the key's timers, and a timer due by then fires after it."""
+        if isinstance(parsed, TimerFired):
+            metrics.TIMERS_IGNORED.inc()
+            return Decision(None, [])
+        assert state.paused is not None
+        value = record.value or b""
+        depth = len(state.held)
+        held_bytes = sum(len(h.value) for h in state.held)
+        config = self.config
+        limit: str | None = None
+        if depth + 1 > config.max_buffered_events:
+            limit = "events"
+            detail = f"{depth} inputs already held (max_buffered_events={config.max_buffered_events})"
+        elif held_bytes + len(value) > config.max_buffered_bytes:
+            limit = "bytes"
+            detail = (
+                f"{held_bytes} bytes already held, this input has {len(value)} "
+                f"(max_buffered_bytes={config.max_buffered_bytes})"
+            )
+        else:
+            held = struct_replace(state, held=[*state.held, waiting_input(record)])
+            staged = self._advance(held, record, [])
+            sealed = self._seal(staged, key)
+            if sealed is not None:
+                metrics.INPUTS_HELD.labels(metrics.topic_label(record.topic)).inc()
+                return self._decided(state, staged, *sealed, [])
+            limit = "state"
+            detail = f"holding it would take the key's state past its limit: {self._over_limit(staged, key)}"
+        metrics.BUFFERED_EVENTS_REJECTED.labels(limit).inc()
+        detail = (
+            f"the key is paused by {state.paused.operator} and its hold is full: {detail}; the input was "
+            "not run (resume the key, then re-drive it: keylane errors redrive --key KEY)"
+        )
+        return Decision(None, [self._error(record, "buffer_full", detail, entity_key=key.decode())])
+
+    async def _on_pause_command(
+        self, record: InputRecord, command: KeyCommand, state: KeyState, key: bytes
+    ) -> Decision:
+        """``pause``: the key's inputs wait in its state from now on (``_hold``), while every
+        other key goes on. ``resume``: the key runs what it held, in order, as they would have
+        run on arrival, all committed under this command (a redelivered resume publishes their
+        records again). Either is committed with the command's offset applied, even when the
+        key already was as asked (so a redelivery never acts twice). Signed like approvals."""
+        key_text = key.decode()
+        who = f"{command.action} by {command.operator}"
+        refused = self._unsigned(
+            record, command, self.approval_signatures, "command", "unsigned_command", who, key_text
+        )
+        if refused is not None:
+            return refused
+        if command.action == "pause":
+            if state.paused is not None:
+                metrics.KEY_COMMANDS.labels("pause", "already_paused").inc()
+                log.info("%s of %r: the key is paused already (by %s)", who, key_text, state.paused.operator)
+                return self._commit(state, record, [], key)
+            paused = Paused(
+                operator=command.operator,
+                reason=command.reason,
+                at_ms=command.issued_at_ms or self.clock(),
+                command_id=command.command_id,
+            )
+            metrics.KEY_COMMANDS.labels("pause", "done").inc()
+            log.info("%r paused %s: %s", key_text, who, command.reason)
+            return self._commit(struct_replace(state, paused=paused), record, [], key)
+        if state.paused is None:
+            metrics.KEY_COMMANDS.labels("resume", "not_paused").inc()
+            log.info("%s of %r: the key is not paused; nothing to do", who, key_text)
+            return self._commit(state, record, [], key)
+        resumed, emits = await self._run_held(state, record, key, key_text)
+        metrics.KEY_COMMANDS.labels("resume", "done").inc()
+        log.info("%r resumed %s: %s held inputs run", key_text, who, len(state.held))
+        return self._commit(resumed, record, emits, key)
+
+    async def _run_held(
+        self, state: KeyState, record: InputRecord, key: bytes, key_text: str
+    ) -> tuple[KeyState, list[Emit]]:
+        """The key unpaused, after each of its held inputs ran in order as on arrival; and the
+        records they produced, for ``record`` (the resume) to stage in the outbox."""
+        current = struct_replace(state, paused=None, held=[])
+        emits: list[Emit] = []
+        for waiting in state.held:
+            origin = replace(waiting.input_record(key), epoch=record.epoch)
+            try:
+                parsed = self._parse(origin, key_text)
+                decision = await self._dispatch(origin, parsed, current, key, key_text)
+            except MalformedRecord as exc:  # it parsed when it was held; a rule changed since
+                decision = Decision(None, [self._error(origin, "malformed_record", exc.detail)])
+            except UnencodableState as exc:
+                decision = Decision(
+                    None, [self._error(origin, "activation_error", str(exc), entity_key=key_text)]
+                )
+            if decision.new_state is not None:
+                current = decision.new_state
+            emits.extend(decision.emits)
+        # Each held input staged its records under itself, and was applied when it was held:
+        # the resume stages them all (the caller), and no stream's applied offset goes back.
+        applied = dict(current.applied)
+        for stream, offset in state.applied.items():
+            applied[stream] = max(offset, applied.get(stream, offset))
+        return struct_replace(current, outbox=state.outbox, applied=applied), emits
 
     def _unsigned(
         self,

@@ -21,7 +21,9 @@ Next to the five cells the record keeps what redelivery safety needs:
   moves with the key's partition;
 * ``settled_intents``: the ids of the key's last SETTLED_INTENTS_KEPT intents that nobody
   waits for any more (resumed, or emitted by an activation that completed), so their late or
-  repeated results are acknowledged instead of dead-lettered.
+  repeated results are acknowledged instead of dead-lettered;
+* ``paused`` and ``held``: who paused the key (``keylane pause``) and the inputs of any kind
+  that reached it since, stored as queued events are, run in order when it is resumed.
 
 The MEMORY cell's format (MemoryBlob, MemoryEntry) lives below this module, in
 keylane.cells, because the authoring API's Memory facade builds it too.
@@ -40,7 +42,10 @@ this code reads:
   still decodes: its ``payload`` entries are ignored and the payload is decoded from
   ``value``, which every version wrote as the envelope that was delivered;
 * 4: ``epoch``, the owner epoch of the writer (a field with a default: a v3 blob decodes
-  with epoch 0, below every epoch a v4 worker writes).
+  with epoch 0, below every epoch a v4 worker writes);
+* 5: ``paused`` and ``held`` (fields with defaults). Only a paused key's blob, or one with
+  held inputs, says version 5: every other blob says 4, which a version 4 keylane reads (it
+  ignores the two fields at their defaults), so rolling back strands only paused keys.
 
 The whole blob must fit in one changelog record: the runtime checks every state it commits
 against the key's limit (see service/keylane/core/activation.py, ``KeyRuntime.state_limit``).
@@ -57,7 +62,9 @@ from keylane.errors import Fatal, KeylaneError
 from keylane.records import InputRecord
 from keylane.wire import AgentEnvelope, TimerKind, decode
 
-STATE_SCHEMA_VERSION = 4
+STATE_SCHEMA_VERSION = 5
+UNPAUSED_SCHEMA_VERSION = 4
+"""The version a blob without a pause says (see the module docstring)."""
 SETTLED_INTENTS_KEPT = 128
 
 IntentKind = Literal["tool", "approval"]
@@ -142,7 +149,9 @@ class OutboxRecord(msgspec.Struct, kw_only=True):
 
 
 class BufferedEvent(msgspec.Struct, kw_only=True):
-    """An event that arrived while the key was suspended: the record as it was delivered.
+    """An input waiting in the key's state, as the record was delivered: an event that arrived
+    while the key was suspended (``buffered``), or any input that arrived while it was paused
+    (``held``).
 
     Stored once: ``value`` is the raw record value (the envelope), which an error record
     carries as the input's raw bytes and from which ``payload`` (the agent's ``ctx.event``)
@@ -177,11 +186,32 @@ class BufferedEvent(msgspec.Struct, kw_only=True):
         )
 
 
+def waiting_input(record: InputRecord) -> BufferedEvent:
+    """``record`` as it waits in its key's state (queued behind a suspension, or held)."""
+    return BufferedEvent(
+        value=record.value or b"",
+        origin_topic=record.topic,
+        origin_broker_topic=record.broker_topic,
+        origin_partition=record.partition,
+        origin_offset=record.offset,
+        copy_of=record.origin,
+    )
+
+
 class ArmedTimer(msgspec.Struct, kw_only=True):
     """A durable per-key timer: fire at ``deadline_ms``; a fire carrying another token is stale."""
 
     deadline_ms: int
     token: str
+
+
+class Paused(msgspec.Struct, kw_only=True):
+    """Who paused the key, when and why (an operator's ``pause`` command on agent.control)."""
+
+    operator: str
+    reason: str
+    at_ms: int
+    command_id: str
 
 
 class KeyState(msgspec.Struct, kw_only=True):
@@ -202,6 +232,10 @@ class KeyState(msgspec.Struct, kw_only=True):
     """The owner epoch of the worker that wrote this state (the consumer group generation it
     held the partition in; service/keylane/kafka/epochs.py): a restore never lets a write of
     a smaller epoch, a former owner's late one, replace it."""
+    paused: Paused | None = None
+    held: list[BufferedEvent] = msgspec.field(default_factory=list)
+    """The inputs (events, results, approvals, operator commands) that reached the key while it
+    was paused, in arrival order; run when it is resumed."""
 
 
 class _VersionProbe(msgspec.Struct):
@@ -227,11 +261,18 @@ def epoch_of(blob: bytes) -> int | None:
         return None
 
 
+def schema_version_of(state: KeyState) -> int:
+    """The version ``state``'s blob says: the current one for a paused key or one with held
+    inputs, else UNPAUSED_SCHEMA_VERSION (what an older keylane still reads)."""
+    return STATE_SCHEMA_VERSION if state.paused is not None or state.held else UNPAUSED_SCHEMA_VERSION
+
+
 def encode_state(state: KeyState) -> bytes:
-    """The blob committed to the table for one key, always in the current schema version
-    (a state decoded from an older blob is written back as the current version)."""
-    if state.state_schema_version != STATE_SCHEMA_VERSION:
-        state = msgspec.structs.replace(state, state_schema_version=STATE_SCHEMA_VERSION)
+    """The blob committed to the table for one key, in the newest schema version its content
+    needs (``schema_version_of``; a state decoded from an older blob is written back so)."""
+    version = schema_version_of(state)
+    if state.state_schema_version != version:
+        state = msgspec.structs.replace(state, state_schema_version=version)
     return _encoder.encode(state)
 
 
@@ -299,6 +340,7 @@ def over_limit(state: KeyState, limit: int) -> str:
         "outbox": state.outbox,
         "queued events": state.buffered,
         "continuation": state.continuation,
+        "held inputs": state.held,
     }
     sizes = ", ".join(f"{name} {encoded_size(cell)}" for name, cell in cells.items())
     return (

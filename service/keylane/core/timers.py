@@ -75,8 +75,9 @@ def waiting_for(state: KeyState | None) -> IntentKind | None:
 
 
 class TimerIndex:
-    """Which keys of this worker's partitions have timers, and when they are due; and how
-    many of them are suspended, by what they wait for (``waiting``).
+    """Which keys of this worker's partitions have timers, and when they are due; how many
+    of them are suspended, by what they wait for (``waiting``), and how many are paused
+    (``paused``: their timers fire only once they are resumed).
 
     Derived from committed states only, so it can always be rebuilt from the table.
     """
@@ -87,6 +88,7 @@ class TimerIndex:
         self._sent: dict[tuple[bytes, str], int] = {}  # (key, token) -> when it was sent
         self._waiting: dict[bytes, IntentKind] = {}
         self._waiting_counts: dict[IntentKind, int] = {"approval": 0, "tool": 0}
+        self._paused: set[bytes] = set()
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -94,6 +96,10 @@ class TimerIndex:
     def waiting(self, kind: IntentKind) -> int:
         """How many keys are suspended now waiting for ``kind`` (``waiting_for``)."""
         return self._waiting_counts[kind]
+
+    def paused(self) -> int:
+        """How many keys are paused now."""
+        return len(self._paused)
 
     def _set_waiting(self, key: bytes, kind: IntentKind | None) -> None:
         old = self._waiting.get(key)
@@ -109,7 +115,12 @@ class TimerIndex:
     def update(self, key: bytes, state: KeyState | None) -> None:
         """Record a key's committed timers (None: the key was deleted)."""
         self._set_waiting(key, waiting_for(state))
-        timers = dict(state.timers) if state is not None else {}
+        if state is not None and state.paused is not None:
+            self._paused.add(key)
+        else:
+            self._paused.discard(key)
+        # A paused key's timers wait for its resume, which arms them again.
+        timers = dict(state.timers) if state is not None and state.paused is None else {}
         for kind, old in self._by_key.get(key, {}).items():
             if timers.get(kind) != old:
                 self._sent.pop((key, old.token), None)
@@ -142,6 +153,7 @@ class TimerIndex:
         self._sent.clear()
         self._waiting.clear()
         self._waiting_counts = {"approval": 0, "tool": 0}
+        self._paused.clear()
         for key, state in states:
             self.update(key, state)
 

@@ -121,7 +121,14 @@ class AgentProcessor:
         for kind in waiting_kinds:  # read at each scrape: the index knows the suspended keys
             metrics.WAITING_KEYS.labels(kind).set_function(partial(self.timers.waiting, kind))
         metrics.QUARANTINED_KEYS.set_function(lambda: len(runtime.quarantine))
-        for counter in (metrics.REDELIVERIES, metrics.RECORDS_REROUTED, metrics.STREAMS_RESTARTED):
+        metrics.PAUSED_KEYS.set_function(self.timers.paused)
+        counters = (
+            metrics.REDELIVERIES,
+            metrics.RECORDS_REROUTED,
+            metrics.STREAMS_RESTARTED,
+            metrics.INPUTS_HELD,
+        )
+        for counter in counters:
             metrics.zero(counter, self.logical_by_name.values())
         self._timers_topic = raw_topic(app, catalog.name(TIMERS))
         self._rebuild_timers = True

@@ -8,6 +8,7 @@ import pytest
 from keylane.cells import MemoryBlob, MemoryEntry
 from keylane.core.state import (
     STATE_SCHEMA_VERSION,
+    UNPAUSED_SCHEMA_VERSION,
     ArmedTimer,
     BufferedEvent,
     CacheEntry,
@@ -15,6 +16,7 @@ from keylane.core.state import (
     CorruptState,
     KeyState,
     OutboxRecord,
+    Paused,
     PendingIntent,
     StateFromTheFuture,
     decode_state,
@@ -104,9 +106,9 @@ GOLDEN_V3_HEX = (
 )
 
 
-# The msgpack bytes of reference_state() under STATE_SCHEMA_VERSION 4. Never edit by hand to
-# make the test pass: a new encoding needs a new schema version and a migration.
-GOLDEN_HEX = (
+# The msgpack bytes of reference_state(4), written by schema version 4. Version 5 only added
+# ``paused`` and ``held`` (defaults None and []).
+GOLDEN_V4_HEX = (
     "8cb473746174655f736368656d615f76657273696f6e04a373657107a66d656d6f727981a7656e747269657382a46e61"
     "6d6583a576616c7565a3616461a472696e67c2ae6c6173745f6163636573735f6d73cd03e8a6726563656e7483a57661"
     "6c75659301a374776fc40103a472696e67c3ae6c6173745f6163636573735f6d73cd07d0ac636f6e74696e756174696f"
@@ -131,11 +133,44 @@ GOLDEN_HEX = (
 )
 
 
+# The msgpack bytes of reference_state() under STATE_SCHEMA_VERSION 5. Never edit by hand to
+# make the test pass: a new encoding needs a new schema version and a migration.
+GOLDEN_HEX = (
+    "8eb473746174655f736368656d615f76657273696f6e05a373657107a66d656d6f727981a7656e747269657382a46e61"
+    "6d6583a576616c7565a3616461a472696e67c2ae6c6173745f6163636573735f6d73cd03e8a6726563656e7483a57661"
+    "6c75659301a374776fc40103a472696e67c3ae6c6173745f6163636573735f6d73cd07d0ac636f6e74696e756174696f"
+    "6e87a373657106aa737465705f696e64657803b270656e64696e675f696e74656e745f69647392a8696e74656e742d61"
+    "a8696e74656e742d62a8736e617073686f74c404736e6170af73757370656e6465645f61745f6d73cd0bb8ab64656164"
+    "6c696e655f6d73cd0fa0ab657363616c6174696f6e7301a96c6c6d5f63616368659189a963616368655f6b6579a2636b"
+    "a8726573706f6e7365c40472657370a6646967657374a26431aa637265617465645f6d73cd1388ab6469676573745f6f"
+    "6e6c79c3a86d6f64656c5f6964a666616b652d31ad70726f6d70745f746f6b656e730bb1636f6d706c6574696f6e5f74"
+    "6f6b656e730ca473697a657ba770656e64696e6781a8696e74656e742d6184a9696e74656e745f6964a8696e74656e74"
+    "2d61a4746f6f6ca6726566756e64a46b696e64a8617070726f76616cad657870697265735f61745f6d73cd1770a76170"
+    "706c69656483b370726f642e6167656e742e6576656e74732f3229b470726f642e6167656e742e726573756c74732f32"
+    "09b370726f642e6167656e742e6576656e74732f3511a66f7574626f789188a97265636f72645f6964a56f75742d31a5"
+    "746f706963ac6167656e742e6572726f7273a36b6579c4036b2330a576616c7565c4027b7dac6f726967696e5f746f70"
+    "6963ac6167656e742e6576656e7473ad6f726967696e5f6f666673657429a56c6162656cb061637469766174696f6e5f"
+    "6572726f72ad6f726967696e5f73747265616db370726f642e6167656e742e6576656e74732f32a86275666665726564"
+    "9186a576616c7565c4197b2276223a312c227061796c6f6164223a226c61746572227dac6f726967696e5f746f706963"
+    "ac6167656e742e6576656e7473b36f726967696e5f62726f6b65725f746f706963b170726f642e6167656e742e657665"
+    "6e7473b06f726967696e5f706172746974696f6e02ad6f726967696e5f6f66667365742aa7636f70795f6f6693b17072"
+    "6f642e6167656e742e6576656e74730512a674696d65727382a46869746c82ab646561646c696e655f6d73cd2328a574"
+    "6f6b656eab6869746c3a373a39303030a374746c82ab646561646c696e655f6d73ce003711a8a5746f6b656ead74746c"
+    "3a373a33363039303030af736574746c65645f696e74656e747391a8696e74656e742d7aa565706f63680ca670617573"
+    "656484a86f70657261746f72a3616461a6726561736f6eac726566756e6473206c6f6f70a561745f6d73cd1f40aa636f"
+    "6d6d616e645f6964a5636d642d31a468656c649186a576616c7565c4187b22696e74656e745f6964223a22696e74656e"
+    "742d61227dac6f726967696e5f746f706963ad6167656e742e726573756c7473b36f726967696e5f62726f6b65725f74"
+    "6f706963b270726f642e6167656e742e726573756c7473b06f726967696e5f706172746974696f6e02ad6f726967696e"
+    "5f6f66667365740aa7636f70795f6f66c0"
+)
+
+
 def reference_state(version: int = STATE_SCHEMA_VERSION) -> KeyState:
     """A KeyState with every field (nested ones included) set away from its default; as
     schema ``version`` 1 wrote it, the fields version 2 added are left at their defaults.
     Version 3 added nothing, so reference_state(2) and reference_state(3) differ only in
-    their version (what a v2 blob stored twice, decoding drops); version 4 added ``epoch``."""
+    their version (what a v2 blob stored twice, decoding drops); version 4 added ``epoch``,
+    version 5 ``paused`` and ``held``."""
     state = KeyState(
         state_schema_version=version,
         seq=7,
@@ -206,11 +241,22 @@ def reference_state(version: int = STATE_SCHEMA_VERSION) -> KeyState:
     state.settled_intents = ["intent-z"]
     if version >= 4:
         state.epoch = 12
+    if version >= 5:
+        state.paused = Paused(operator="ada", reason="refunds loop", at_ms=8_000, command_id="cmd-1")
+        state.held = [
+            BufferedEvent(
+                value=b'{"intent_id":"intent-a"}',
+                origin_topic="agent.results",
+                origin_broker_topic="prod.agent.results",
+                origin_partition=2,
+                origin_offset=10,
+            )
+        ]
     return state
 
 
 def test_the_reference_state_encodes_to_the_golden_bytes() -> None:
-    assert STATE_SCHEMA_VERSION == 4
+    assert STATE_SCHEMA_VERSION == 5
     assert encode_state(reference_state()).hex() == GOLDEN_HEX, (
         "the state encoding changed: bump STATE_SCHEMA_VERSION and add a migration"
     )
@@ -228,6 +274,33 @@ def test_a_version_2_blob_still_decodes() -> None:
     assert decode_state(bytes.fromhex(GOLDEN_V2_HEX)) == reference_state(2)
 
 
+def test_a_version_4_blob_still_decodes_unpaused() -> None:
+    state = decode_state(bytes.fromhex(GOLDEN_V4_HEX))
+    assert state == reference_state(4)
+    assert (state.paused, state.held) == (None, [])
+
+
+class _Version4Reader(msgspec.Struct):
+    """What a version 4 keylane decodes a blob into: KeyState without ``paused`` and ``held``."""
+
+    state_schema_version: int
+    seq: int
+    epoch: int
+    buffered: list[BufferedEvent]
+
+
+def test_only_a_paused_blob_says_version_5_and_a_version_4_keylane_reads_the_others() -> None:
+    unpaused = reference_state(4)
+    blob = encode_state(unpaused)
+    old = msgspec.msgpack.decode(blob, type=_Version4Reader)  # unknown fields at their defaults
+    assert (old.state_schema_version, old.seq, old.epoch) == (4, 7, 12)
+    assert decode_state(blob) == unpaused
+
+    assert decode_state(bytes.fromhex(GOLDEN_HEX)).state_schema_version == 5
+    held_only = msgspec.structs.replace(unpaused, held=reference_state(5).held)
+    assert decode_state(encode_state(held_only)).state_schema_version == 5
+
+
 def test_a_version_3_blob_still_decodes_with_epoch_0() -> None:
     state = decode_state(bytes.fromhex(GOLDEN_V3_HEX))
     assert state == reference_state(3)
@@ -236,6 +309,7 @@ def test_a_version_3_blob_still_decodes_with_epoch_0() -> None:
 
 def test_the_epoch_is_read_without_decoding_the_rest() -> None:
     assert epoch_of(bytes.fromhex(GOLDEN_HEX)) == 12
+    assert epoch_of(bytes.fromhex(GOLDEN_V4_HEX)) == 12
     assert epoch_of(bytes.fromhex(GOLDEN_V3_HEX)) == 0
     assert epoch_of(b"\xc1 not msgpack") is None
 
@@ -246,7 +320,7 @@ def test_an_old_blob_keeps_its_queued_payload_and_is_written_back_in_the_current
 
     assert [b.payload for b in state.buffered] == [b"later"]  # decoded from the stored envelope
     rewritten = decode_state(encode_state(state))
-    assert rewritten.state_schema_version == STATE_SCHEMA_VERSION
+    assert rewritten.state_schema_version == UNPAUSED_SCHEMA_VERSION  # not paused
     assert [b.payload for b in rewritten.buffered] == [b"later"]
 
 
@@ -257,7 +331,8 @@ def test_a_buffered_event_is_stored_once() -> None:
     assert bytes.fromhex(GOLDEN_HEX).count(b"later") == 1
     from_v2 = decode_state(bytes.fromhex(GOLDEN_V2_HEX))
     from_v2.epoch = 12  # the one field version 4 added
-    assert encode_state(from_v2).hex() == GOLDEN_HEX
+    assert decode_state(encode_state(from_v2)) == reference_state(4)
+    assert encode_state(from_v2).count(b"later") == 1
 
 
 def test_every_field_of_the_reference_state_is_set_away_from_its_default() -> None:
@@ -266,7 +341,7 @@ def test_every_field_of_the_reference_state_is_set_away_from_its_default() -> No
     for name in KeyState.__struct_fields__:
         if name != "state_schema_version":
             assert getattr(state, name) != getattr(fresh, name), name
-    assert state.continuation is not None
+    assert state.continuation is not None and state.paused is not None
     by_type: dict[type[msgspec.Struct], list[msgspec.Struct]] = {}
     for struct in [
         *state.memory.entries.values(),
@@ -275,6 +350,8 @@ def test_every_field_of_the_reference_state_is_set_away_from_its_default() -> No
         *state.pending.values(),
         *state.outbox,
         *state.buffered,
+        state.paused,
+        *state.held,
     ]:
         by_type.setdefault(type(struct), []).append(struct)
     for struct_type, instances in by_type.items():

@@ -1,0 +1,209 @@
+"""`keylane pause` / `keylane resume` against a real worker: of two keys that share a
+partition, the paused one holds its events (in its state, visible to `keylane inspect`) while
+the other runs them; the worker is killed with kill -9 while the key is paused and started
+again, and the key is still paused; resuming runs the held events in order, each once (its
+output id has one value), with the key's memory as if they had run on arrival. In the seeded
+variants the kill -9 lands at a random moment after the resume instead. The commands stay on
+agent.control as the audit log, and every input partition's committed offset reaches its end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keylane.catalog import CONTROL, EVENTS, OUTPUT, Catalog
+from keylane.config import Settings
+from keylane.kafka.partitioner import expected_partition
+from keylane.kafka.topic_reader import TopicRecord, read_to_end
+from keylane.wire import AgentEnvelope, KeyCommand, decode, encode
+from tests.broker import REPO
+from tests.integration.test_inspect import inspect
+from tests.integration.test_resume_position import commits_reach_the_end
+from tests.kafka_io import produce, wait_for_records
+from tests.processes import KeylaneProcess, keylane_cli, process_env, running
+
+pytestmark = pytest.mark.kafka
+
+AGENT = ["worker", "--agent", "tests.agents.flow:remember"]
+
+
+def two_keys_on_one_partition(partitions: int) -> tuple[str, str]:
+    paused = "pause-me"
+    other = next(
+        f"keep-going-{n}"
+        for n in range(10_000)
+        if expected_partition(f"keep-going-{n}".encode(), partitions)
+        == expected_partition(paused.encode(), partitions)
+    )
+    return paused, other
+
+
+def by_event(records: list[TopicRecord], key: str) -> dict[str, list[str]]:
+    """Each of ``key``'s outputs: event -> the memory ring it showed; one value per output id."""
+    values: dict[str, set[bytes]] = {}
+    for record in records:
+        values.setdefault(record.record_id, set()).add(record.value or b"")
+    assert all(len(v) == 1 for v in values.values()), "an output id with two values"
+    shown = [json.loads(r.value or b"") for r in records]
+    return {o["event"]: o["ring"] for o in shown if o["key"] == key}
+
+
+async def until(what: str, check: Any, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.5)
+
+
+def cli_ok(settings: Settings, *args: str) -> str:
+    done = keylane_cli(settings, *args)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    return done.stdout
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+async def test_a_paused_key_holds_its_events_through_a_kill_9_and_resume_runs_them_in_order(
+    settings: Settings, catalog: Catalog, tmp_path: Path, seed: int
+) -> None:
+    rng = random.Random(seed)
+    paused, other = two_keys_on_one_partition(catalog[EVENTS].partitions)
+    env = process_env(
+        settings, LLM_LEDGER=str(tmp_path / "llm.jsonl"), KEYLANE_DATA_DIR=str(tmp_path / "data")
+    )
+    outputs = catalog.name(OUTPUT)
+
+    async def send(key: str, event: str) -> None:
+        await produce(settings, catalog.name(EVENTS), [(key.encode(), encode(AgentEnvelope(payload=event)))])
+
+    worker = KeylaneProcess(AGENT, env, tmp_path / "worker.log").start()
+    for key in (paused, other):
+        await send(key, f"{key}:0")
+    await wait_for_records(settings, outputs, lambda rs: len(rs) >= 2)
+
+    refused = keylane_cli(settings, "resume", paused, "--operator", "ann", "--reason", "nothing yet")
+    assert refused.returncode == 1 and refused.stderr.splitlines() == [
+        f"keylane: {paused} is not paused ('keylane inspect {paused}' shows its state); "
+        "--force sends it anyway"
+    ]
+    said = cli_ok(settings, "pause", paused, "--operator", "ann", "--reason", "it loops on refunds")
+    assert said.startswith("pause ") and f"sent for {paused} by ann" in said
+    await until("the pause", lambda: inspect(settings, paused)[0]["paused"] is not None)
+
+    for n in (1, 2):
+        await send(paused, f"{paused}:{n}")
+        await send(other, f"{other}:{n}")
+    await wait_for_records(settings, outputs, lambda rs: len(by_event(rs, other)) == 3)
+    await until("two held events", lambda: len(inspect(settings, paused)[0]["held_inputs"]) == 2)
+    assert list(by_event(await read_to_end(settings, outputs), paused)) == [f"{paused}:0"]
+
+    worker.kill9()  # while paused: the pause is in the key's state
+    worker = KeylaneProcess(AGENT, env, tmp_path / "worker-again.log").start()
+    await send(paused, f"{paused}:3")
+    await until("a third held event", lambda: len(inspect(settings, paused)[0]["held_inputs"]) == 3)
+    (shown,) = inspect(settings, paused)
+    assert shown["paused"]["by"] == "ann" and shown["paused"]["reason"] == "it loops on refunds"
+    assert list(by_event(await read_to_end(settings, outputs), paused)) == [f"{paused}:0"]
+
+    refused = keylane_cli(settings, "pause", paused, "--operator", "bob", "--reason", "again")
+    assert refused.returncode == 1 and "is paused already, by ann: it loops on refunds" in refused.stderr
+    said = cli_ok(settings, "resume", paused, "--operator", "bob", "--reason", "fixed the prompt")
+    assert "its 3 held inputs run in order" in said
+    if seed:
+        await asyncio.sleep(rng.uniform(0, 2.0))
+        worker.kill9()
+        worker = KeylaneProcess(AGENT, env, tmp_path / "worker-third.log").start()
+    await send(paused, f"{paused}:4")
+
+    done = await wait_for_records(settings, outputs, lambda rs: len(by_event(rs, paused)) == 5)
+    events = [f"{paused}:{n}" for n in range(5)]
+    assert by_event(done, paused) == {e: events[: i + 1] for i, e in enumerate(events)}
+    await until("the resume", lambda: inspect(settings, paused)[0]["paused"] is None)
+    assert inspect(settings, paused)[0]["held_inputs"] == []
+    await commits_reach_the_end(settings, catalog)
+    worker.stop()
+
+    audit = [decode(r.value, KeyCommand) for r in await read_to_end(settings, catalog.name(CONTROL))]
+    assert [(c.action, c.operator, c.reason) for c in audit] == [
+        ("pause", "ann", "it loops on refunds"),
+        ("resume", "bob", "fixed the prompt"),
+    ]
+
+
+OPERATIONS = REPO / "docs" / "operations.md"
+PLACEHOLDERS = {"<id>": "[0-9a-f-]{36}", "<n>": "[0-9]+"}
+
+
+def runbook_session() -> list[tuple[str, list[str]]]:
+    """The `$` lines of docs/operations.md's pause session, each with the lines it shows."""
+    section = OPERATIONS.read_text().split("## Pausing and resuming a key", 1)[1]
+    block = section.split("```console\n", 1)[1].split("```", 1)[0]
+    session: list[tuple[str, list[str]]] = []
+    for line in block.splitlines():
+        if line.startswith("$ "):
+            session.append((line[2:], []))
+        else:
+            session[-1][1].append(line)
+    return session
+
+
+def shows(expected: list[str], printed: str) -> bool:
+    """Whether ``printed`` is what ``expected`` shows: `...` stands for any lines, and
+    PLACEHOLDERS for what differs between runs."""
+    pattern = ""
+    for line in expected:
+        if line == "...":
+            pattern += r"(?:[^\n]*\n)*?"
+            continue
+        escaped = re.escape(line)
+        for placeholder, regex in PLACEHOLDERS.items():
+            escaped = escaped.replace(re.escape(placeholder), regex)
+        pattern += escaped + r"\n"
+    return re.fullmatch(pattern, printed) is not None
+
+
+@pytest.mark.timeout(300)
+async def test_the_runbooks_pause_session_prints_what_docs_operations_shows(
+    settings: Settings, catalog: Catalog, tmp_path: Path
+) -> None:
+    env = process_env(settings, LLM_LEDGER=str(tmp_path / "llm.jsonl"))
+    key = "customer-7"
+    outputs = catalog.name(OUTPUT)
+    with running(KeylaneProcess(AGENT, env, tmp_path / "worker.log")):
+        await produce(
+            settings, catalog.name(EVENTS), [(key.encode(), encode(AgentEnvelope(payload="hello")))]
+        )
+        await wait_for_records(settings, outputs, lambda rs: len(rs) == 1)
+        for command, expected in runbook_session():
+            line = re.sub(r"^keylane ", f"{sys.executable} -m keylane.cli ", command)
+            line = line.replace(" -t agent.", f" -t {settings.topic_prefix}agent.")
+            deadline = time.monotonic() + 60
+            while True:  # the worker applies a command asynchronously: a read waits for it
+                done = await asyncio.to_thread(
+                    subprocess.run,
+                    ["bash", "-c", line],
+                    env=env,
+                    cwd=REPO,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+                printed = done.stdout + done.stderr
+                if shows(expected, printed) or not command.startswith("keylane inspect"):
+                    break
+                assert time.monotonic() < deadline, f"{command}\nprinted:\n{printed}"
+                await asyncio.sleep(1)
+            assert shows(expected, printed), f"{command}\nprinted:\n{printed}\nthe page shows:\n" + "\n".join(
+                expected
+            )
+        done_records = await wait_for_records(settings, outputs, lambda rs: len(rs) == 2)
+    assert [json.loads(r.value or b"")["ring"] for r in done_records][-1] == ["hello", "refund again"]
