@@ -289,13 +289,17 @@ def overview() -> builders.Dashboard:
         .with_panel(
             _timeseries(
                 31,
-                "Suspensions/s, events buffered/s and cancels/s",
+                "Suspensions/s, events buffered/s and operator actions/s",
                 "Activations that suspended (waiting for a tool result or an approval), events "
-                "queued behind a suspended key, and suspensions operators ended (keylane cancel).",
+                "queued behind a suspended key, suspensions operators ended (keylane cancel), "
+                "inputs paused keys held (keylane pause) and dead letters re-driven (keylane errors "
+                "redrive).",
                 [
                     (_rate("keylane_suspensions_total"), "suspensions"),
                     (_rate("keylane_events_buffered_total"), "events buffered"),
                     (CANCELLED, "cancelled by an operator"),
+                    (_rate("keylane_inputs_held_total"), "held by a paused key"),
+                    (_rate("keylane_redriven_records_total"), "re-driven dead letters"),
                 ],
                 unit="ops",
                 width=6,
@@ -304,11 +308,13 @@ def overview() -> builders.Dashboard:
         .with_panel(
             _timeseries(
                 32,
-                "Keys waiting and quarantined",
-                "Keys suspended now, by what they wait for; and keys whose state does not read "
-                "(quarantined: their inputs go to agent.errors as poison_state).",
+                "Keys waiting, paused and quarantined",
+                "Keys suspended now, by what they wait for; keys an operator paused (keylane "
+                "pause: their inputs are held); and keys whose state does not read (quarantined: "
+                "their inputs go to agent.errors as poison_state).",
                 [
                     (f"sum by (kind) (keylane_waiting_keys{{{SEL}}})", "{{kind}}"),
+                    (f"sum(keylane_paused_keys{{{SEL}}})", "paused"),
                     (f"sum(keylane_quarantined_keys{{{SEL}}})", "quarantined"),
                 ],
                 unit="short",

@@ -153,6 +153,12 @@ QUARANTINED_KEYS = Gauge(
     "Keys of this worker's partitions whose stored state does not read (a newer keylane's "
     "blob, or corrupt): their inputs are dead-lettered as poison_state.",
 )
+REDRIVEN_RECORDS = Counter(
+    "keylane_redriven_records",
+    "Input records a worker read that re-drive a dead letter (keylane errors redrive: they carry "
+    "keylane.redrive-of), by the logical topic they came back on.",
+    ["topic"],
+)
 PAUSED_KEYS = Gauge(
     "keylane_paused_keys",
     "Keys of this worker's partitions an operator paused (keylane pause): their inputs are held.",

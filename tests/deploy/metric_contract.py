@@ -63,6 +63,7 @@ CONTRACT: tuple[Metric, ...] = (
     Metric("keylane_quarantined_keys", "gauge"),
     Metric("keylane_paused_keys", "gauge"),
     Metric("keylane_inputs_held", "counter", ("topic",)),
+    Metric("keylane_redriven_records", "counter", ("topic",)),
     Metric("keylane_stale_state_writes", "counter"),
     Metric("keylane_records_too_large", "counter", ("topic",)),
     Metric("keylane_redeliveries", "counter", ("topic",)),

@@ -127,6 +127,7 @@ class AgentProcessor:
             metrics.RECORDS_REROUTED,
             metrics.STREAMS_RESTARTED,
             metrics.INPUTS_HELD,
+            metrics.REDRIVEN_RECORDS,
         )
         for counter in counters:
             metrics.zero(counter, self.logical_by_name.values())
@@ -169,6 +170,8 @@ class AgentProcessor:
             log_end=self._log_end(message),
             epoch=group_generation(self.app),  # read as the job starts: see kafka/epochs.py
         )
+        if record.redrive is not None:
+            metrics.REDRIVEN_RECORDS.labels(metrics.topic_label(record.topic)).inc()
         if record.origin is not None:
             forged = await self.origins.forged(record.origin, key=key, value=message.value)
             if forged is not None:
