@@ -4,7 +4,8 @@ Python blocks are compiled, and those of the docs that need no broker (EXECUTED_
 run, each in a fresh namespace. Shell blocks, and the `$` lines of console transcripts, pass
 `bash -n`; every `keylane ...` command in them parses with the real command-line grammar,
 every `make X` names a Makefile target, and every script path they run exists. (A transcript
-is run for real by its own broker test: docs/first-hour.md by tests/integration/test_first_hour.py.)
+is run for real by its own broker test: docs/first-hour.md by tests/integration/test_first_hour.py,
+docs/operations.md's sessions by tests/integration/doc_sessions.py's users.)
 """
 
 from __future__ import annotations

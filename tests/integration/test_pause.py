@@ -11,9 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +22,7 @@ from keylane.config import Settings
 from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.topic_reader import TopicRecord, read_to_end
 from keylane.wire import AgentEnvelope, KeyCommand, decode, encode
-from tests.broker import REPO
+from tests.integration.doc_sessions import run_session
 from tests.integration.test_inspect import inspect
 from tests.integration.test_resume_position import commits_reach_the_end
 from tests.kafka_io import produce, wait_for_records
@@ -139,38 +136,6 @@ async def test_a_paused_key_holds_its_events_through_a_kill_9_and_resume_runs_th
     ]
 
 
-OPERATIONS = REPO / "docs" / "operations.md"
-PLACEHOLDERS = {"<id>": "[0-9a-f-]{36}", "<n>": "[0-9]+"}
-
-
-def runbook_session() -> list[tuple[str, list[str]]]:
-    """The `$` lines of docs/operations.md's pause session, each with the lines it shows."""
-    section = OPERATIONS.read_text().split("## Pausing and resuming a key", 1)[1]
-    block = section.split("```console\n", 1)[1].split("```", 1)[0]
-    session: list[tuple[str, list[str]]] = []
-    for line in block.splitlines():
-        if line.startswith("$ "):
-            session.append((line[2:], []))
-        else:
-            session[-1][1].append(line)
-    return session
-
-
-def shows(expected: list[str], printed: str) -> bool:
-    """Whether ``printed`` is what ``expected`` shows: `...` stands for any lines, and
-    PLACEHOLDERS for what differs between runs."""
-    pattern = ""
-    for line in expected:
-        if line == "...":
-            pattern += r"(?:[^\n]*\n)*?"
-            continue
-        escaped = re.escape(line)
-        for placeholder, regex in PLACEHOLDERS.items():
-            escaped = escaped.replace(re.escape(placeholder), regex)
-        pattern += escaped + r"\n"
-    return re.fullmatch(pattern, printed) is not None
-
-
 @pytest.mark.timeout(300)
 async def test_the_runbooks_pause_session_prints_what_docs_operations_shows(
     settings: Settings, catalog: Catalog, tmp_path: Path
@@ -183,27 +148,6 @@ async def test_the_runbooks_pause_session_prints_what_docs_operations_shows(
             settings, catalog.name(EVENTS), [(key.encode(), encode(AgentEnvelope(payload="hello")))]
         )
         await wait_for_records(settings, outputs, lambda rs: len(rs) == 1)
-        for command, expected in runbook_session():
-            line = re.sub(r"^keylane ", f"{sys.executable} -m keylane.cli ", command)
-            line = line.replace(" -t agent.", f" -t {settings.topic_prefix}agent.")
-            deadline = time.monotonic() + 60
-            while True:  # the worker applies a command asynchronously: a read waits for it
-                done = await asyncio.to_thread(
-                    subprocess.run,
-                    ["bash", "-c", line],
-                    env=env,
-                    cwd=REPO,
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                )
-                printed = done.stdout + done.stderr
-                if shows(expected, printed) or not command.startswith("keylane inspect"):
-                    break
-                assert time.monotonic() < deadline, f"{command}\nprinted:\n{printed}"
-                await asyncio.sleep(1)
-            assert shows(expected, printed), f"{command}\nprinted:\n{printed}\nthe page shows:\n" + "\n".join(
-                expected
-            )
+        await run_session("## Pausing and resuming a key", settings, env)
         done_records = await wait_for_records(settings, outputs, lambda rs: len(rs) == 2)
     assert [json.loads(r.value or b"")["ring"] for r in done_records][-1] == ["hello", "refund again"]

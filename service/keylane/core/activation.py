@@ -11,7 +11,10 @@ all drive this same code. For each input record, in order:
    last one the key applied from that stream re-publishes that input's outbox entries and
    rewrites the key's state unchanged (no second activation, no new seq; the rewrite heals a
    changelog that lost the key's last record in a crash; service/keylane/core/outbox.py);
-3. an event for a suspended key is queued behind the suspension (``events_while_suspended``),
+3. an operator's ``pause`` or ``resume`` (agent.control) applies at once; any other input of a
+   paused key is held in its state, in order, until the resume runs it (``_hold``: bounded
+   like the queue below, ``buffer_full`` past it; a timer fire is ignored, the resume re-arms);
+   an event for a suspended key is queued behind the suspension (``events_while_suspended``),
    unless the key's queue is full (``max_buffered_events``, ``max_buffered_bytes``, or the
    key's state limit): then it is dead-lettered as ``buffer_full`` and the state is untouched;
 4. a result or approval must be signed when its mode requires it, and must answer an intent
