@@ -234,11 +234,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="produce dead letters again to their origin topic, once each",
         description="Produce each selected dead letter's raw key and value to its origin topic (under "
         "this deployment's prefix), as a new record the worker runs, with headers naming the dead "
-        "letter and its re-drive count. Once per dead letter: one already re-driven (a record on "
-        "its origin topic says so) is skipped, so an interrupted run resumes where it stopped and "
-        "a second run sends nothing. Fix the cause first. Run one re-drive at a time.",
+        "letter and its re-drive count, and who re-drove it and why (keylane.redrive-by: the audit "
+        "record). Once per dead letter: one already re-driven (a record on its origin topic says "
+        "so) is skipped, so an interrupted run resumes where it stopped and a second run sends "
+        "nothing. Fix the cause first. Run one re-drive at a time.",
     )
     redrive.add_argument("--dry-run", action="store_true", help="print what would be sent; send nothing")
+    redrive.add_argument(
+        "--operator", metavar="NAME", help="who re-drives, for the audit header (not with --dry-run)"
+    )
+    redrive.add_argument(
+        "--why", metavar="TEXT", help="why, e.g. the fix, for the audit header (not with --dry-run)"
+    )
     redrive.add_argument(
         "--rate", type=float, default=100.0, metavar="N", help="at most N records a second (default 100)"
     )
@@ -556,6 +563,10 @@ def _errors_redrive(args: argparse.Namespace) -> int:
 
     if args.rate <= 0:
         raise ConfigError(f"--rate must be above 0, got {args.rate}")
+    if not args.dry_run and not ((args.operator or "").strip() and (args.why or "").strip()):
+        raise ConfigError(
+            "errors redrive needs --operator NAME and --why TEXT (its audit record), or --dry-run"
+        )
     settings, catalog, dead_letters = _selected(args)
 
     def line(step: Step, verb: str, where: str = "") -> None:
@@ -573,7 +584,11 @@ def _errors_redrive(args: argparse.Namespace) -> int:
                 line(step, step.action.replace("_", " "), step.why)
             elif args.dry_run:
                 line(step, "would send", f"-> {catalog.name(step.topic)} (re-drive {step.count})")
-        done = 0 if args.dry_run else await send(settings, catalog, steps, rate=args.rate, on_sent=sent)
+        if args.dry_run:
+            return 0, Counter(step.action for step in steps)
+        done = await send(
+            settings, catalog, steps, rate=args.rate, operator=args.operator, why=args.why, on_sent=sent
+        )
         return done, Counter(step.action for step in steps)
 
     done, actions = asyncio.run(run())

@@ -40,7 +40,7 @@ from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.producer import producer
 from keylane.kafka.topic_reader import TopicRecord, read_to_end
 from keylane.keys import unshard_key
-from keylane.records import RECORD_TOO_LARGE, REDRIVE_OF_HEADER, REDRIVES_HEADER
+from keylane.records import RECORD_TOO_LARGE, REDRIVE_BY_HEADER, REDRIVE_OF_HEADER, REDRIVES_HEADER
 from keylane.wire import AgentEnvelope, ErrorRecord, MalformedRecord, decode
 
 MAX_REDRIVES = 3
@@ -309,10 +309,13 @@ async def send(
     steps: Iterable[Step],
     *,
     rate: float,
+    operator: str,
+    why: str,
     on_sent: Callable[[Step, int, int], None] | None = None,
 ) -> int:
-    """Produce every ``send`` step, one at a time and confirmed, at most ``rate`` a second;
-    ``on_sent(step, partition, offset)`` after each. Returns how many were sent. A send that
+    """Produce every ``send`` step, one at a time and confirmed, at most ``rate`` a second,
+    each with its audit header (``operator`` and ``why``); ``on_sent(step, partition,
+    offset)`` after each. Returns how many were sent. A send that
     fails stops the run (KafkaError): the next run's :func:`find_redriven` says what landed."""
     sent = 0
     started = time.monotonic()
@@ -326,6 +329,7 @@ async def send(
             headers = [
                 (REDRIVE_OF_HEADER, step.dead.id.encode()),
                 (REDRIVES_HEADER, str(step.count).encode()),
+                (REDRIVE_BY_HEADER, f"{operator}: {why}".encode()),
             ]
             metadata = await kafka.send_and_wait(
                 catalog.name(step.topic),

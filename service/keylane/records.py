@@ -37,6 +37,10 @@ REDRIVE_OF_HEADER = "keylane.redrive-of"
 """The header of a re-driven dead letter (``keylane errors redrive``): the id of the dead
 letter it re-drives. Re-routed and sharded copies keep it."""
 
+REDRIVE_BY_HEADER = "keylane.redrive-by"
+"""The header of a re-driven dead letter: who re-drove it and why (``"<operator>: <why>"``),
+its audit record; the record's timestamp says when."""
+
 REDRIVES_HEADER = "keylane.redrives"
 """The header of a re-driven dead letter: how often its record has been re-driven (decimal);
 a dead letter of it carries the count as ``ErrorRecord.redrives``."""

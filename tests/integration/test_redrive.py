@@ -15,13 +15,14 @@ from keylane import ids
 from keylane.catalog import ERRORS, EVENTS, OUTPUT, Catalog
 from keylane.config import Settings
 from keylane.kafka.topic_reader import read_to_end
-from keylane.records import ORIGIN_HEADER, REDRIVE_OF_HEADER, REDRIVES_HEADER
+from keylane.records import ORIGIN_HEADER, REDRIVE_BY_HEADER, REDRIVE_OF_HEADER, REDRIVES_HEADER
 from keylane.wire import AgentEnvelope, ErrorRecord, decode, encode
 from tests.kafka_io import produce, wait_for_records
 from tests.processes import KeylaneProcess, keylane_cli, process_env, running
 
 pytestmark = pytest.mark.kafka
 
+AUDIT = ("--operator", "ann", "--why", "fixed the decoder")
 EVENTS_SENT = [("k-ok", "fine"), ("k-1", "bug-1"), ("k-2", "bug-2"), ("k-3", "bug-3"), ("k-4", "always-4")]
 
 
@@ -73,10 +74,10 @@ async def test_redrive_brings_each_dead_letter_back_once_and_keeps_the_history(
         )
 
         # A run cut short after k-1, then the whole run: it resumes where the first stopped.
-        assert keylane(settings, "errors", "redrive", "--key", "k-1").endswith(
+        assert keylane(settings, "errors", "redrive", "--key", "k-1", *AUDIT).endswith(
             "1 re-driven, 0 already re-driven, 0 quarantined, 0 cannot be re-driven\n"
         )
-        rest = keylane(settings, "errors", "redrive", "--max-redrives", "1", "--rate", "20")
+        rest = keylane(settings, "errors", "redrive", "--max-redrives", "1", "--rate", "20", *AUDIT)
         assert rest.endswith("3 re-driven, 1 already re-driven, 0 quarantined, 0 cannot be re-driven\n"), rest
 
         outputs = await wait_for_records(
@@ -86,7 +87,7 @@ async def test_redrive_brings_each_dead_letter_back_once_and_keeps_the_history(
         origin = await read_to_end(settings, catalog.name(EVENTS))
 
         # Once more: everything is re-driven already or quarantined; nothing is sent.
-        again = keylane(settings, "errors", "redrive", "--max-redrives", "1")
+        again = keylane(settings, "errors", "redrive", "--max-redrives", "1", *AUDIT)
         assert again.endswith("0 re-driven, 4 already re-driven, 1 quarantined, 0 cannot be re-driven\n"), (
             again
         )
@@ -99,6 +100,7 @@ async def test_redrive_brings_each_dead_letter_back_once_and_keeps_the_history(
     )
     for record in redrives:
         assert record.headers[REDRIVES_HEADER] == b"1"
+        assert record.headers[REDRIVE_BY_HEADER] == b"ann: fixed the decoder", "the audit record"
         assert ORIGIN_HEADER not in record.headers, "a re-drive is a new original, not a copy"
         dead = by_id[record.headers[REDRIVE_OF_HEADER].decode()]
         assert record.key == dead["key"].encode()
