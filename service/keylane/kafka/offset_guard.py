@@ -185,6 +185,9 @@ class OffsetGuard:
             )
             return
         log.info("committed %s revoked input partitions before handing them over", len(offsets))
+        # Faust's hook for an accepted commit: the tables' restore starts are sealed there
+        # (service/keylane/kafka/restore_start.py).
+        self.app.tables.on_commit({TP(tp.topic, tp.partition): o for tp, o in offsets.items()})
 
     def resume_lanes(self) -> None:
         for lanes in self.lanes:

@@ -79,6 +79,9 @@ class RestoreStart:
         """The table's partitions assigned to this worker in it, active or standby."""
         self.active: set[int] = set()
         self._sampled: tuple[int, dict[int, int | None]] | None = None
+        self._released: tuple[int, dict[int, int | None]] | None = None
+        """The offsets of the partitions revoked last, sampled as they went (acks stop moving
+        them then), and the generation: the next accepted commit in it seals them."""
         self._written: dict[int, Held] = {}
 
     def install(self) -> None:
@@ -122,6 +125,7 @@ class RestoreStart:
         holds them."""
         changelog = self._changelog()
         self.generation = generation
+        self._released = None
         self.assigned = {tp.partition for tp in tps if tp.topic == changelog}
         self.active = {tp.partition for tp in actives if tp.topic == changelog}
         for partition in sorted(self.assigned):
@@ -145,12 +149,15 @@ class RestoreStart:
 
     def on_revoked(self, tps: Iterable[TP]) -> None:
         """The partitions among ``tps`` are no longer this worker's: acks stop moving their
-        offsets, and no commit seals them."""
+        offsets, which are sampled now for the next commit to seal (Faust revokes every
+        partition before its last commit when it stops, and keylane commits a rebalance's
+        revoked partitions after Faust revoked them)."""
         changelog = self._changelog()
         gone = {tp.partition for tp in tps if tp.topic == changelog}
-        self.assigned -= gone
         self.active -= gone
-        self._sampled = None
+        self.assigned -= gone
+        released = {p: self.table.data.persisted_offset(TP(changelog, p)) for p in gone}
+        self._released = (self.generation, released) if released else None
 
     def sample(self) -> None:
         """As a commit starts: the store's offset of each partition held now."""
@@ -163,16 +170,19 @@ class RestoreStart:
         self._sampled = None
 
     def seal(self) -> None:
-        """After the coordinator accepted a commit: the offsets sampled as it started, in the
-        generation the commit was made in, become the partitions' bases."""
+        """After the coordinator accepted a commit: the offsets sampled as it started, and
+        those of the partitions revoked before it, all in the generation the commit was made
+        in, become the partitions' bases."""
         sampled, self._sampled = self._sampled, None
-        if sampled is None:
-            return
-        generation, offsets = sampled
-        if generation < 0 or generation != self.generation or generation != group_generation(self.app):
-            return
-        for partition, offset in offsets.items():
-            if partition in self.assigned:
+        released, self._released = self._released, None
+        now = group_generation(self.app)
+        for taken in (released, sampled):
+            if taken is None:
+                continue
+            generation, offsets = taken
+            if generation < 0 or generation != now:
+                continue
+            for partition, offset in offsets.items():
                 self._remember(partition, Held(generation, offset))
 
     def _changelog(self) -> str:

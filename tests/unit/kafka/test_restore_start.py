@@ -219,3 +219,29 @@ def test_an_unreadable_record_counts_as_none(tmp_path: Path) -> None:
     restarted.store.dbs = a.store.dbs
     restarted.assign(1, active={0})
     assert restarted.start(0) is None
+
+
+def test_a_clean_stop_seals_the_offsets_its_partitions_had_when_revoked(tmp_path: Path) -> None:
+    """Faust revokes every partition before its last commit when it stops (and keylane
+    commits a rebalance's revoked partitions after Faust revoked them): that commit seals
+    them, so a restart after the session timeout restores nothing it had."""
+    a = Worker(tmp_path)
+    a.assign(1, active={0})
+    a.ack(0, 10)
+    a.revoke()
+    a.ack(0, 12)  # a write of its own acknowledged after the revocation: read back later
+    a.commit()
+    restarted = Worker(tmp_path)
+    restarted.store.dbs = a.store.dbs
+    restarted.assign(3, active={0})
+    assert restarted.start(0) == 10
+
+
+def test_a_revocation_no_commit_confirms_seals_nothing(tmp_path: Path) -> None:
+    a = Worker(tmp_path)
+    a.assign(1, active={0})
+    a.ack(0, 10)
+    a.revoke()
+    a.commit(accepted=False)  # evicted: the coordinator refused it
+    a.assign(3, active={0})
+    assert a.start(0) is None
