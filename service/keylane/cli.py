@@ -21,10 +21,11 @@ from keylane.catalog import ERRORS, Catalog, load_catalog
 from keylane.config import Settings
 from keylane.errors import ConfigError, KeylaneError
 from keylane.kafka.topic_admin import admin_client, apply_catalog, inspect_catalog
-from keylane.wire import KeyAction
+from keylane.wire import KeyAction, KeyCommand
 
 if TYPE_CHECKING:
     from keylane.dead_letters import DeadLetter
+    from keylane.inspect import KeyView
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the command ran and found a problem (drift, refusal, unreachable broker)
@@ -300,12 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         "through the agent's HITL timeout policy (told who cancelled and why; an Escalate is taken as "
         "Deny), then runs the events queued behind it. The record is the audit log of the action.",
     )
-    cancel.add_argument("key", metavar="KEY", help="the physical key (a sharded key's shard: KEY#i)")
-    cancel.add_argument("--operator", required=True, metavar="NAME", help="who cancels, for the audit log")
-    cancel.add_argument(
-        "--reason", required=True, metavar="TEXT", help="why, for the audit log and the policy"
-    )
-    cancel.add_argument("--force", action="store_true", help="send it even if the key is not suspended now")
+    _key_command_arguments(cancel, "cancels", "not suspended", why="why, for the audit log and the policy")
     cancel.set_defaults(handler=_cancel)
 
     pause = commands.add_parser(
@@ -324,16 +320,21 @@ def build_parser() -> argparse.ArgumentParser:
         description="Publish a resume on agent.control under the key: its lane runs the inputs the key "
         "held, in the order they arrived, then its new inputs as before. The record is the audit log.",
     )
-    for parser_of, verb, needs in ((pause, "pauses", "paused"), (resume, "resumes", "not paused")):
-        parser_of.add_argument("key", metavar="KEY", help="the physical key (a sharded key's shard: KEY#i)")
-        parser_of.add_argument(
-            "--operator", required=True, metavar="NAME", help=f"who {verb}, for the audit log"
-        )
-        parser_of.add_argument("--reason", required=True, metavar="TEXT", help="why, for the audit log")
-        parser_of.add_argument("--force", action="store_true", help=f"send it even if the key is {needs} now")
+    _key_command_arguments(pause, "pauses", "paused")
+    _key_command_arguments(resume, "resumes", "not paused")
     pause.set_defaults(handler=partial(_pause_or_resume, "pause"))
     resume.set_defaults(handler=partial(_pause_or_resume, "resume"))
     return parser
+
+
+def _key_command_arguments(
+    parser: argparse.ArgumentParser, verb: str, refused_when: str, *, why: str = "why, for the audit log"
+) -> None:
+    """The arguments every operator command on one key takes (cancel, pause, resume)."""
+    parser.add_argument("key", metavar="KEY", help="the physical key (a sharded key's shard: KEY#i)")
+    parser.add_argument("--operator", required=True, metavar="NAME", help=f"who {verb}, for the audit log")
+    parser.add_argument("--reason", required=True, metavar="TEXT", help=why)
+    parser.add_argument("--force", action="store_true", help=f"send it even if the key is {refused_when} now")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -658,22 +659,7 @@ def _approvals_list(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    from keylane.key_commands import send_key_command
-
-    settings = _settings(args)
-    if not args.key.strip() or not args.operator.strip() or not args.reason.strip():
-        raise ConfigError("KEY, --operator and --reason must not be empty")
-    command, view = asyncio.run(
-        send_key_command(
-            settings,
-            _catalog(settings),
-            key=args.key,
-            action="cancel",
-            operator=args.operator,
-            reason=args.reason,
-            force=args.force,
-        )
-    )
+    command, view = _send_key_command("cancel", args)
     waiting = view.state.continuation if view.state is not None else None
     what = (
         f"its suspension at seq {waiting.seq}" if waiting is not None else "its suspension, if any by then,"
@@ -686,22 +672,7 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _pause_or_resume(action: KeyAction, args: argparse.Namespace) -> int:
-    from keylane.key_commands import send_key_command
-
-    settings = _settings(args)
-    if not args.key.strip() or not args.operator.strip() or not args.reason.strip():
-        raise ConfigError("KEY, --operator and --reason must not be empty")
-    command, view = asyncio.run(
-        send_key_command(
-            settings,
-            _catalog(settings),
-            key=args.key,
-            action=action,
-            operator=args.operator,
-            reason=args.reason,
-            force=args.force,
-        )
-    )
+    command, view = _send_key_command(action, args)
     held = len(view.state.held) if view.state is not None else 0
     what = (
         "its inputs wait in its state from now on, until 'keylane resume'"
@@ -713,6 +684,25 @@ def _pause_or_resume(action: KeyAction, args: argparse.Namespace) -> int:
         f"'keylane inspect {command.entity_key}' shows the result"
     )
     return EXIT_OK
+
+
+def _send_key_command(action: KeyAction, args: argparse.Namespace) -> tuple[KeyCommand, KeyView]:
+    from keylane.key_commands import send_key_command
+
+    settings = _settings(args)
+    if not args.key.strip() or not args.operator.strip() or not args.reason.strip():
+        raise ConfigError("KEY, --operator and --reason must not be empty")
+    return asyncio.run(
+        send_key_command(
+            settings,
+            _catalog(settings),
+            key=args.key,
+            action=action,
+            operator=args.operator,
+            reason=args.reason,
+            force=args.force,
+        )
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
