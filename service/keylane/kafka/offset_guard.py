@@ -55,6 +55,7 @@ from keylane.core.lanes import LaneScheduler, WindowHooks
 from keylane.core.offsets import OffsetLedger
 from keylane.kafka.app import log_end, readiness, recovery_completed, started_side_consumer
 from keylane.kafka.consumer_lag import LAG_REFRESH_S, CommitSensor, ConsumerLag
+from keylane.kafka.epochs import group_generation
 from keylane.kafka.patches import wrap_faust_consumer
 
 log = logging.getLogger(__name__)
@@ -173,6 +174,13 @@ class OffsetGuard:
         thread = getattr(consumer, "_thread", None)
         if not offsets or thread is None:
             return
+        if not self.member():
+            log.warning(
+                "not committing %s revoked partitions: this worker is no longer a member of its group "
+                "(evicted while it stood still); their next owner re-reads them",
+                len(offsets),
+            )
+            return
         try:
             commit = thread._ensure_consumer().commit(offsets)
             done = asyncio.run_coroutine_threadsafe(commit, thread.thread_loop)
@@ -188,6 +196,14 @@ class OffsetGuard:
         # Faust's hook for an accepted commit: the tables' restore starts are sealed there
         # (service/keylane/kafka/restore_start.py).
         self.app.tables.on_commit({TP(tp.topic, tp.partition): o for tp, o in offsets.items()})
+
+    def member(self) -> bool:
+        """Whether the consumer is in a group generation now. One that found it was evicted
+        (a heartbeat answered that its member is unknown) is in generation -1 until it joins
+        again, and Kafka takes a commit under generation -1 into a group left empty as an
+        admin's: a thawed zombie's commit would move the group's offsets back to where it
+        stood. So no commit goes out then (Faust's nor keylane's)."""
+        return group_generation(self.app) >= 0
 
     def resume_lanes(self) -> None:
         for lanes in self.lanes:

@@ -177,6 +177,8 @@ def wrap_faust_consumer(guard_of: Callable[[Any], OffsetGuard | None]) -> None:
         # Faust's ack list for this partition is not the truth here; drop it so it cannot grow.
         self._acked[tp].clear()
         self._acked_index[tp].clear()
+        if not guard.member():
+            return None  # evicted: nothing to commit (OffsetGuard.member)
         return guard.ledger.committable((tp.topic, tp.partition), self._committed_offset.get(tp))
 
     ThreadDelegateConsumer.seek_to_committed = seek_to_committed_and_keep  # type: ignore[method-assign]
