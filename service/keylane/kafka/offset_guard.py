@@ -110,13 +110,20 @@ class OffsetGuard:
         tps = [tp for tp in consumer.assignment() if tp.topic in self.topics]
         if not tps:
             return
-        earliest = await consumer.earliest_offsets(*tps)
         starts = {}
         for tp in tps:
             offset = committed.get(tp)
-            starts[tp] = max(offset if offset is not None and offset >= 0 else 0, earliest.get(tp) or 0)
+            starts[tp] = offset if offset is not None and offset >= 0 else 0
             self.ledger.assigned((tp.topic, tp.partition), starts[tp])
             self._sought.pop((tp.topic, tp.partition), None)
+        # Asked only now: records delivered while the answer is on its way (seconds on a busy
+        # machine) are admitted from the committed offset, not dropped as unassigned.
+        earliest = await consumer.earliest_offsets(*tps)
+        for tp in tps:
+            first = earliest.get(tp) or 0
+            if first > starts[tp]:  # retention passed the committed offset: nothing is below
+                starts[tp] = first
+                self.ledger.skip_to((tp.topic, tp.partition), first)
         await consumer.seek_wait(starts)  # in the consumer thread: see the module docstring
         for tp, start in starts.items():
             offset = committed.get(tp)
