@@ -156,14 +156,11 @@ class RestoreStart:
         gone = {tp.partition for tp in tps if tp.topic == changelog}
         self.active -= gone
         self.assigned -= gone
-        released = {p: self.table.data.persisted_offset(TP(changelog, p)) for p in gone}
-        self._released = (self.generation, released) if released else None
+        self._released = (self.generation, self._offsets(gone)) if gone else None
 
     def sample(self) -> None:
         """As a commit starts: the store's offset of each partition held now."""
-        changelog = self._changelog()
-        offsets = {p: self.table.data.persisted_offset(TP(changelog, p)) for p in self.assigned}
-        self._sampled = (self.generation, offsets)
+        self._sampled = (self.generation, self._offsets(self.assigned))
 
     def forget_sample(self) -> None:
         """As a commit ends, accepted (sealed by then) or not."""
@@ -184,6 +181,11 @@ class RestoreStart:
                 continue
             for partition, offset in offsets.items():
                 self._remember(partition, Held(generation, offset))
+
+    def _offsets(self, partitions: Iterable[int]) -> dict[int, int | None]:
+        """The store's persisted offset of each of ``partitions``."""
+        changelog = self._changelog()
+        return {p: self.table.data.persisted_offset(TP(changelog, p)) for p in partitions}
 
     def _changelog(self) -> str:
         name: str = self.table.changelog_topic.get_topic_name()
