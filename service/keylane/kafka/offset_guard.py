@@ -16,10 +16,15 @@ service/keylane/kafka/patches.py.
   ``fetched_records``). Every seek keylane makes goes through ``seek_wait``, which Faust runs
   in the consumer thread.
 
-A partition can still go quiet with records waiting: Faust drops fetched records on several
-paths of its own (a batch cut short by a rebalance, a stream queue cleared on revocation), the
-consumer's position having passed them, and a gap is only noticed when a later record
-arrives. ``reread_stalled`` (a timer) reads a partition again from the ledger's expected
+Faust empties its stream queues each time it resumes flow, the consumer's position having
+passed what they held; a recovery resumes flow right after the seek to committed, so records
+fetched from the new position were lost there. ``queues_cleared`` hears of each clear (see
+``watch_cleared_queues`` in service/keylane/kafka/patches.py) and reads the partitions that
+had records queued again from the ledger's expected offset.
+
+A partition can still go quiet with records waiting: Faust drops fetched records on other
+paths of its own (a batch cut short by a rebalance), and a gap is only noticed when a later
+record arrives. ``reread_stalled`` (a timer) reads a partition again from the ledger's expected
 offset when the log has records from there on and none arrived for STALL_REREAD_AFTER_S
 while the partition was neither paused nor rebalancing; it logs and counts each re-read
 (``keylane_stall_rereads_total``), since each one means a record went missing on the way.
@@ -56,7 +61,7 @@ from keylane.core.offsets import OffsetLedger
 from keylane.kafka.app import log_end, readiness, recovery_completed, started_side_consumer
 from keylane.kafka.consumer_lag import LAG_REFRESH_S, CommitSensor, ConsumerLag
 from keylane.kafka.epochs import group_generation
-from keylane.kafka.patches import wrap_faust_consumer
+from keylane.kafka.patches import watch_cleared_queues, wrap_faust_consumer
 
 log = logging.getLogger(__name__)
 
@@ -230,14 +235,29 @@ class OffsetGuard:
         has passed them), so reading restarts at the expected offset; re-read records that
         were already admitted are dropped as duplicates.
         """
-        tp = TP(topic, partition)
         self._paused.discard((topic, partition))
-        self.app.consumer.resume_partitions({tp})
-        expected = self.ledger.expected((topic, partition))
+        self.app.consumer.resume_partitions({TP(topic, partition)})
+        self._reread((topic, partition))
+
+    def queues_cleared(self, partitions: set[tuple[str, int]], unknown: bool) -> None:
+        """Faust emptied its stream queues (see ``watch_cleared_queues`` in patches.py): each
+        governed partition that had records there (every assigned one, when puts whose records
+        nobody saw were cancelled) is read again from the ledger's expected offset. A clear while
+        flow is suspended is a rebalance's: the next assignment positions every partition."""
+        if not self.app.flow_control.is_active():
+            return
+        lost = set(self.ledger.partitions()) if unknown else {tp for tp in partitions if self.governs(tp[0])}
+        for tp in lost:
+            log.info("%s/%s: Faust cleared its stream queues; re-reading from the expected offset", *tp)
+            self._reread(tp)
+
+    def _reread(self, tp: tuple[str, int]) -> None:
+        """Seek ``tp`` back to the ledger's expected offset, in the background."""
+        expected = self.ledger.expected(tp)
         if expected is None:
             return
-        self._sought[(topic, partition)] = (expected, time.monotonic())
-        seek = asyncio.ensure_future(self._seek((topic, partition), expected))
+        self._sought[tp] = (expected, time.monotonic())
+        seek = asyncio.ensure_future(self._seek(tp, expected))
         self._seeks.add(seek)
         seek.add_done_callback(self._seeks.discard)
 
@@ -395,6 +415,7 @@ def guard_offsets(app: Any, topics: Iterable[str]) -> OffsetGuard:
         guard = OffsetGuard(app)
         setattr(app, _GUARD_ATTR, guard)
         app.sensors.add(CommitSensor(guard.on_commit))
+        watch_cleared_queues(app, guard.queues_cleared)
         app.timer(LAG_REFRESH_S, name="keylane.consumer-lag")(guard.refresh_lag_timer)
         app.timer(STALL_CHECK_S, name="keylane.stall-check")(guard.reread_stalled)
         readiness(app).checks.append(guard.lag.stalled)

@@ -23,6 +23,17 @@ an app's input topics:
   good. For governed topics the loop sees no read offset (``_UnfilteredReadOffsets``); the
   ledger drops duplicates itself.
 
+Wrapped per app instance (``watch_cleared_queues``, installed by ``guard_offsets``):
+
+* ``app.flow_control.clear`` (mode's FlowControlEvent, which ``resume`` calls too): it empties
+  every stream and channel queue and cancels the puts waiting on a full one. Faust resumes
+  flow after its seek to committed when a recovery ends, so records fetched from the
+  guard's new position in between were thrown away, the consumer's position having passed
+  them, and their partition waited for the stall check (seen on a busy machine as a 15 s
+  stall of the first record after a restart). The wrap reads the queued events'
+  topic-partitions (``asyncio.Queue._queue`` and ``_putters``) before the clear, and tells
+  the guard which governed partitions lost records.
+
 Each patched attribute is checked to exist on its class when this module is imported
 (``check_patchable``: a faust-streaming outside ``FAUST_PIN`` fails with its version named),
 and each wrap is checked, when installed, to be what the aiokafka driver's consumer class
@@ -195,6 +206,33 @@ def wrap_faust_consumer(guard_of: Callable[[Any], OffsetGuard | None]) -> None:
             "_drain_messages": drain_unfiltered,
         }
     )
+
+
+def watch_cleared_queues(app: Any, cleared: Callable[[set[tuple[str, int]], bool], None]) -> None:
+    """Wrap ``app.flow_control.clear`` (see the module docstring): the topic-partitions of the
+    events in the queues are read before each clear and passed to ``cleared(partitions,
+    unknown)`` after it, ``unknown`` telling whether waiting puts, whose events nobody can
+    see, were cancelled."""
+    flow_control = app.flow_control
+    clear = flow_control.clear
+    if getattr(clear, "_keylane_watched", False):
+        return
+
+    def clear_watched() -> None:
+        partitions: set[tuple[str, int]] = set()
+        unknown = False
+        for queue in list(flow_control._queues):
+            for item in list(getattr(queue, "_queue", ())):
+                message = getattr(item, "message", None)
+                if message is not None:
+                    partitions.add((message.topic, message.partition))
+            unknown = unknown or any(not putter.done() for putter in getattr(queue, "_putters", ()))
+        clear()
+        if partitions or unknown:
+            cleared(partitions, unknown)
+
+    clear_watched._keylane_watched = True  # type: ignore[attr-defined]
+    flow_control.clear = clear_watched
 
 
 def _check_wrapped(wrappers: Mapping[str, Callable[..., Any]]) -> None:
