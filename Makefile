@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 BROKER := $(PY) deploy/kafka/local_kafka.py
 PYTEST_ARGS ?=
 
-.PHONY: help install system-deps lint test chaos run broker broker-stop clean bench bench-quick bench-gate
+.PHONY: help install system-deps lint test chaos run broker broker-stop clean bench bench-quick bench-gate bench-profile
 
 help:
 	@echo "make run          install, start a local Kafka, apply topics, run a worker (Ctrl-C, or kill -INT the pid it prints, stops all)"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench        every benchmark (about 20 min: the recovery runs fill 100k keys); writes bench-report.md"
 	@echo "make bench-quick  a one-minute smoke run of the same harness"
 	@echo "make bench-gate   fail if the last run misses the seed's budget or the fan-out ratio"
+	@echo "make bench-profile  sample a worker under load with py-spy: bench/out/profile-e2e_noop.{svg,txt}"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,6 +67,9 @@ bench-quick: install
 
 bench-gate: install
 	$(PY) -m bench.gate bench/out/results.json
+
+bench-profile: install
+	$(PY) -m bench.profile
 
 run: install
 	$(PY) deploy/run_local.py

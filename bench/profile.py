@@ -1,0 +1,252 @@
+"""`make bench-profile`: where a keylane worker's time goes under load, sampled by py-spy.
+
+    python -m bench.profile [--records 20000] [--out bench/out]
+
+It deploys a fresh catalog (the broker from KAFKA_BOOTSTRAP_SERVERS, else a local Kafka 3.9
+from the Maven jars), pre-fills e2e_noop's input (the no-op agent over 1,000 keys), starts one
+worker and samples every thread of it with py-spy while it works through the backlog (from
+its first output to its last). It writes, in ``--out``:
+
+* ``profile-e2e_noop.svg``: py-spy's flame graph;
+* ``profile-e2e_noop.txt``: the sampled rate, each area's share of the samples (the area of a
+  sample's innermost frame that belongs to one: Faust's stream machinery, the offset guard,
+  lanes, encode/decode, tables and changelog, the producer, the consumer's fetch thread,
+  metrics, the agent runtime, asyncio itself), then the top frames by own samples and by
+  inclusive samples.
+
+The samples of threads that wait (idle) are left out, so the shares are of CPU spent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.deployment import Testbed, start, stop
+from bench.harness import BenchFailure, progress
+from bench.producers import produce_all
+from bench.reader import Reader, rate_of
+from bench.run import REPO, local_kafka
+from keylane.catalog import EVENTS, OUTPUT
+from keylane.wire import AgentEnvelope, encode
+
+NAME = "e2e_noop"
+KEYS = 1000
+SAMPLE_RATE_HZ = 200
+
+AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("metrics", ("prometheus_client/", "keylane/metrics")),
+    ("encode/decode", ("keylane/wire", "keylane/records", "json/", "msgpack", "uuid.py")),
+    (
+        "offset guard and lane feed",
+        ("keylane/core/offsets", "keylane/kafka/offset_guard", "keylane/kafka/lane_feed"),
+    ),
+    ("lanes", ("keylane/core/lanes",)),
+    (
+        "tables and changelog",
+        ("faust/tables/", "faust/stores/", "rocksdict", "keylane/kafka/delivery", "keylane/kafka/epochs"),
+    ),
+    ("producer", ("aiokafka/producer/", "keylane/kafka/producer", "keylane/kafka/publish", "faust/topics")),
+    ("consumer fetch thread", ("aiokafka/consumer/", "faust/transport/drivers/")),
+    ("agent runtime", ("keylane/",)),
+    ("Faust stream machinery", ("faust/", "mode/")),
+)
+"""An area per group of file paths: a sample counts for the area of its innermost frame that
+matches one (the first match in this order), so a socket write under the producer is the
+producer's. A sample in none of them counts for the first of GENERIC_AREAS its innermost
+frame matches, else for "other"."""
+
+GENERIC_AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("aiokafka protocol and connection", ("aiokafka/", "kafka/protocol")),
+    ("asyncio and the event loop", ("asyncio/", "selectors.py")),
+)
+
+
+def _match(frame_file: str, areas: tuple[tuple[str, tuple[str, ...]], ...]) -> str | None:
+    for area, markers in areas:
+        if any(marker in frame_file for marker in markers):
+            return area
+    return None
+
+
+_FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    file: str
+
+    @classmethod
+    def parse(cls, text: str) -> Frame:
+        match = _FRAME.match(text.strip())
+        if match is None:
+            return cls(text.strip(), "")
+        return cls(match["function"], match["file"])
+
+    def label(self) -> str:
+        short = self.file.split("site-packages/")[-1].split("/service/")[-1]
+        return f"{self.function} ({short})" if short else self.function
+
+
+def area_of(stack: list[Frame]) -> str:
+    """The area of ``stack`` (outermost frame first): see AREAS. Only the frames the event
+    loop runs count (below its innermost ``_run_once``): the ones above start the worker."""
+    loop = [i for i, frame in enumerate(stack) if frame.function.endswith("_run_once")]
+    frames = stack[loop[-1] :] if loop else stack  # _run_once itself is asyncio's
+    for areas in (AREAS, GENERIC_AREAS):
+        for frame in reversed(frames):
+            area = _match(frame.file, areas)
+            if area is not None:
+                return area
+    return "other"
+
+
+def parse_collapsed(lines: Iterable[str]) -> list[tuple[list[Frame], int]]:
+    """py-spy's raw format: one ``frame;frame;...;frame count`` line per distinct stack."""
+    stacks = []
+    for line in lines:
+        line = line.rstrip("\n")
+        if not line:
+            continue
+        stack_text, _, count = line.rpartition(" ")
+        frames = [Frame.parse(part) for part in stack_text.split(";") if part]
+        # py-spy prefixes each stack with the thread ("process 1:..." / "thread (0x...)")
+        frames = [f for f in frames if not f.function.startswith(("process ", "thread "))]
+        stacks.append((frames, int(count)))
+    return stacks
+
+
+def summarise(stacks: list[tuple[list[Frame], int]], top: int = 25) -> str:
+    total = sum(count for _, count in stacks)
+    if not total:
+        return "no samples\n"
+    areas: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    for frames, count in stacks:
+        areas[area_of(frames)] += count
+        if frames:
+            own[frames[-1].label()] += count
+        for label in {frame.label() for frame in frames}:
+            inclusive[label] += count
+    lines = [f"{total} samples (CPU only, every thread)", "", "share by area (innermost frame):"]
+    lines += [f"  {100 * n / total:5.1f}%  {area}" for area, n in areas.most_common()]
+    lines += ["", f"top {top} frames by own samples:"]
+    lines += [f"  {100 * n / total:5.1f}%  {label}" for label, n in own.most_common(top)]
+    lines += ["", f"top {top} frames by inclusive samples:"]
+    lines += [f"  {100 * n / total:5.1f}%  {label}" for label, n in inclusive.most_common(top)]
+    return "\n".join(lines) + "\n"
+
+
+def py_spy() -> str:
+    found = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(found).exists():
+        raise BenchFailure("py-spy is not installed: make install (the bench extra) installs it")
+    return found
+
+
+def sample(pid: int, output: Path, fmt: str) -> subprocess.Popen[bytes]:
+    """py-spy on ``pid`` until it gets SIGINT; ``--nonblocking`` leaves the worker running
+    between samples, so the profile does not slow what it measures."""
+    argv = [
+        py_spy(),
+        "record",
+        "--pid",
+        str(pid),
+        "--rate",
+        str(SAMPLE_RATE_HZ),
+        "--threads",
+        "--nonblocking",
+    ]
+    argv += ["--format", fmt, "--output", str(output)]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def finish(sampler: subprocess.Popen[bytes]) -> None:
+    sampler.send_signal(signal.SIGINT)
+    try:
+        _, err = sampler.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        sampler.kill()
+        raise BenchFailure("py-spy did not write its profile within 60 s") from None
+    if sampler.returncode not in (0, -signal.SIGINT):
+        raise BenchFailure(
+            f"py-spy failed (exit {sampler.returncode}): {err.decode(errors='replace')[-500:]}"
+        )
+
+
+async def profile(bootstrap: str, records: int, out: Path) -> str:
+    bed = Testbed(bootstrap)
+    deployment = await bed.deploy("profile")
+    keys = [f"key-{k:04d}".encode() for k in range(KEYS)]
+    progress(f"profile: pre-filling {records} records over {KEYS} keys")
+    await produce_all(
+        bootstrap,
+        deployment.topic(EVENTS),
+        [(keys[i % KEYS], encode(AgentEnvelope(payload=f"p{i}"))) for i in range(records)],
+    )
+    worker = bed.worker(deployment, agent="bench.agents:noop", config="bench.agents:noop_config")
+    reader = Reader(bootstrap, deployment.topic(OUTPUT), deployment.partitions(OUTPUT))
+    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before the run)
+    raw, svg = out / f"profile-{NAME}.raw", out / f"profile-{NAME}.svg"
+    try:
+        await reader.start()
+        await start(worker)
+        assert worker.proc is not None
+        samplers = [sample(worker.proc.pid, raw, "raw"), sample(worker.proc.pid, svg, "flamegraph")]
+        try:
+            outputs = await reader.take(records, timeout_s=60 + records / 100, watch=[worker])
+        finally:
+            for sampler in samplers:
+                finish(sampler)
+    finally:
+        await reader.stop()
+        await stop(worker)
+        await bed.stop_all()
+        await bed.delete_topics()
+    rate = rate_of(outputs)
+    stacks = parse_collapsed(raw.read_text().splitlines())
+    raw.unlink()
+    text = f"{NAME} under py-spy ({SAMPLE_RATE_HZ} Hz, non-blocking): "
+    text += f"{rate:.0f} records/s over {records} records\n\n{summarise(stacks)}"
+    (out / f"profile-{NAME}.txt").write_text(text)
+    progress(f"profile: wrote {svg} and {out / f'profile-{NAME}.txt'}")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Sample a keylane worker under load with py-spy.")
+    parser.add_argument("--records", type=int, default=20_000, help="pre-filled records (default 20,000)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "out", help="where the profile goes")
+    args = parser.parse_args(argv)
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    launcher, state_dir = None, Path(tempfile.mkdtemp(prefix="keylane-profile-kafka-"))
+    try:
+        if not bootstrap:
+            launcher = local_kafka()
+            progress("starting a local Kafka for the profile")
+            bootstrap = launcher.start(state_dir, nodes=1, quiet=True).bootstrap
+        print(asyncio.run(profile(bootstrap, args.records, args.out)), end="")
+    except BenchFailure as exc:
+        print(f"bench-profile: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if launcher is not None:
+            launcher.stop(state_dir, quiet=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""`make bench-profile`: py-spy samples a real worker working through a backlog on the broker,
+and the summary splits the samples by area. No timing is asserted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.profile import area_of, parse_collapsed, summarise
+from tests.broker import REPO
+
+HEAD = 'process 1:"python -m keylane.cli worker"'
+LOOP = "/usr/lib/python3.11/asyncio/base_events.py:1922"
+SITE = "/venv/lib/python3.11/site-packages"
+STACKS = [
+    [
+        HEAD,
+        "thread (0x7F01)",
+        "<module> (keylane/cli.py:10)",
+        f"_run_once ({LOOP})",
+        "write (/usr/lib/python3.11/asyncio/selector_events.py:1071) 30",
+    ],
+    [
+        HEAD,
+        "thread (0x7F01)",
+        "_activate (/repo/service/keylane/core/activation.py:300)",
+        "encode_state (/repo/service/keylane/core/state.py:80)",
+        f"labels ({SITE}/prometheus_client/metrics.py:180) 10",
+    ],
+    [HEAD, "thread (0x7F02)", f"run ({SITE}/aiokafka/consumer/fetcher.py:400) 60"],
+]
+RAW = "\n".join(";".join(stack) for stack in STACKS) + "\n"
+
+
+def test_the_summary_splits_samples_by_their_innermost_area() -> None:
+    stacks = parse_collapsed(RAW.splitlines())
+    assert [count for _, count in stacks] == [30, 10, 60]
+    areas = [area_of(frames) for frames, _ in stacks]
+    assert areas == ["asyncio and the event loop", "metrics", "consumer fetch thread"]
+    text = summarise(stacks)
+    assert text.startswith("100 samples")
+    assert "60.0%  consumer fetch thread" in text and "30.0%  asyncio and the event loop" in text
+    assert "10.0%  labels (prometheus_client/metrics.py)" in text
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(300)
+def test_a_profile_of_a_worker_under_load_is_written(kafka_bootstrap: str, tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.profile", "--records", "600", "--out", str(tmp_path)],
+        cwd=REPO,
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    svg, text = tmp_path / "profile-e2e_noop.svg", (tmp_path / "profile-e2e_noop.txt").read_text()
+    assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()[:2000]
+    assert "records/s over 600 records" in text and "share by area" in text
+    assert "Faust stream machinery" in text, text
+    assert not (tmp_path / "profile-e2e_noop.raw").exists()
