@@ -15,6 +15,12 @@ start-up are excluded. Latency: output record timestamp minus input record times
 ms on one machine's clock; and, as a check that includes the output's delivery, the time a
 reader tailing agent.output received it minus the input timestamp.
 
+Repetitions: every benchmark runs REPETITIONS[size] times (bench/harness.py), each on a
+fresh deployment. A Result's rate is the median of its repetitions' (``repetitions`` holds
+each), so the report can flag a figure whose repetitions spread more than SPREAD_LIMIT; a
+ratio to a peer is the median of the repetitions' ratios, each of two rates measured side
+by side. e2e_noop's live latency records are split over the repetitions.
+
 Results (names from bench/names.py):
 
 * ``e2e_noop``: rate = records/s of the no-op agent over 1,000 keys; samples = e2e latency
@@ -46,13 +52,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import shutil
+import statistics
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bench.agents import LLM_LATENCY_MS, SHARDS_ENV
 from bench.deployment import Deployment, Testbed, start, stop
 from bench.harness import (
+    REPETITIONS,
     BenchFailure,
     Recorder,
     Result,
@@ -117,6 +125,18 @@ PLANS: dict[str, Plan] = {
 }
 
 
+@dataclass
+class E2eRun:
+    """One repetition of e2e_noop and its peers."""
+
+    rate: float = 0.0
+    peer_rates: dict[str, float] = field(default_factory=dict)
+    peer_failure: BenchFailure | ProcessFailed | None = None
+    latencies: list[float] = field(default_factory=list)  # output - input CreateTime (ms)
+    received: list[float] = field(default_factory=list)  # reader's receipt - input CreateTime (ms)
+    duplicates: int = 0
+
+
 @dataclass(frozen=True)
 class PrefilledRun:
     """One worker run over pre-filled events: its outputs, their rate, the worker's
@@ -131,77 +151,125 @@ class PrefilledRun:
 class BrokerBench(Testbed):
     """Runs the broker benchmarks of one size against one broker."""
 
-    def __init__(self, recorder: Recorder, plan: Plan, bootstrap: str) -> None:
+    def __init__(self, recorder: Recorder, size: Size, bootstrap: str) -> None:
         super().__init__(bootstrap)
         self.recorder = recorder
-        self.plan = plan
+        self.plan = PLANS[size]
+        self.repetitions = REPETITIONS[size]
         self.fanout_n1_rate: float | None = None
 
     # -- the benchmarks --------------------------------------------------------------------
 
     async def e2e_and_peers(self) -> None:
-        """e2e_noop and both peers, on one pre-filled input topic."""
+        """e2e_noop and both peers, REPETITIONS[size] times, each repetition on a fresh
+        pre-filled input topic: rates and ratios are the medians of the repetitions'."""
+        reps = self.repetitions
+        runs = [await self._e2e_repetition(rep, reps) for rep in range(reps)]
+        for kind, name in (("aiokafka", PEER_AIOKAFKA), ("faust", PEER_FAUST)):
+            rates = [run.peer_rates[kind] for run in runs if kind in run.peer_rates]
+            if rates:
+                self.recorder.add(
+                    Result(
+                        name=name,
+                        unit="records/s",
+                        rate=statistics.median(rates),
+                        repetitions=rates,
+                        extra={"records": self.plan.noop_records, "keys": self.plan.noop_keys},
+                    )
+                )
+        rates = [run.rate for run in runs]
+        latencies = [latency for run in runs for latency in run.latencies]
+        received = sorted(latency for run in runs for latency in run.received)
+        extra: dict[str, Any] = {
+            "records": self.plan.noop_records,
+            "keys": self.plan.noop_keys,
+            "latency_records": len(latencies),
+            "latency_produce_rate": self.plan.latency_rate,
+            "latency_source": "output CreateTime - input CreateTime (ms)",
+            "latency_p50_by_repetition": [percentile(sorted(run.latencies), 50) for run in runs],
+            "received_latency_p50_ms": percentile(received, 50),
+            "received_latency_p99_ms": percentile(received, 99),
+            "duplicates": sum(run.duplicates for run in runs),
+        }
+        for kind in ("aiokafka", "faust"):
+            paired = [(run.rate, run.peer_rates[kind]) for run in runs if kind in run.peer_rates]
+            if paired:
+                extra[f"{kind}_rate"] = statistics.median(peer for _, peer in paired)
+                # Each repetition's ratio is of two rates measured side by side; their median
+                # is steadier than the ratio of two medians when the machine's speed drifts.
+                ratios = [ours / peer for ours, peer in paired]
+                extra[f"ratio_to_{kind}"] = statistics.median(ratios)
+                extra[f"ratio_to_{kind}_by_repetition"] = ratios
+        self.recorder.add(
+            Result(
+                name=E2E_NOOP,
+                unit="ms",
+                samples=latencies,
+                rate=statistics.median(rates),
+                repetitions=rates,
+                extra=extra,
+            )
+        )
+        failure = next((run.peer_failure for run in runs if run.peer_failure is not None), None)
+        if failure is not None:
+            raise failure
+
+    async def _e2e_repetition(self, rep: int, reps: int) -> E2eRun:
+        """One repetition: both peers, then keylane's worker, over the same pre-filled
+        topic; then this repetition's share of the live latency phase."""
         plan = self.plan
-        sinks = {kind: f"{self.run_id}-e2e.peer.{kind}.output" for kind in ("aiokafka", "faust")}
-        deployment = await self.deploy("e2e", extra_topics=list(sinks.values()))
+        label = f"e2e repetition {rep + 1}/{reps}"
+        sinks = {kind: f"{self.run_id}-e2e{rep}.peer.{kind}.output" for kind in ("aiokafka", "faust")}
+        deployment = await self.deploy(f"e2e{rep}", extra_topics=list(sinks.values()))
         source = deployment.topic(EVENTS)
         keys = [f"key-{k:04d}".encode() for k in range(plan.noop_keys)]
         records = [
             (keys[i % len(keys)], encode(AgentEnvelope(payload=f"p{i}"))) for i in range(plan.noop_records)
         ]
-        progress(f"e2e_noop: pre-filling {len(records)} records over {len(keys)} keys")
+        progress(f"{label}: pre-filling {len(records)} records over {len(keys)} keys")
         await produce_all(self.bootstrap, source, records)
         timeout_s = 60 + plan.noop_records / 100
+        run = E2eRun()
 
         # The peers first: keylane's latency phase adds records to the input afterwards.
-        peer_rates: dict[str, float] = {}
-        peer_failure: BenchFailure | ProcessFailed | None = None
         for kind, name in (("aiokafka", PEER_AIOKAFKA), ("faust", PEER_FAUST)):
-            progress(f"{name}: {kind} peer over the same {len(records)} records")
+            progress(f"{label}: {name}, {kind} peer over the same {len(records)} records")
             peer = self.peer(deployment, kind, source, sinks[kind])
             reader = Reader(self.bootstrap, sinks[kind], deployment.partitions(OUTPUT))
             try:
                 await reader.start()
                 await start(peer)
                 outputs = await reader.take(len(records), timeout_s=timeout_s, watch=[peer])
-                peer_rates[kind] = rate_of(outputs)
+                run.peer_rates[kind] = rate_of(outputs)
             except (BenchFailure, ProcessFailed) as exc:
                 # keylane is still measured; the step fails at its end.
                 progress(f"FAILED {name}: {exc}")
-                peer_failure = peer_failure or exc
+                run.peer_failure = run.peer_failure or exc
                 continue
             finally:
                 await stop(peer)
                 await reader.stop()
-            self.recorder.add(
-                Result(
-                    name=name,
-                    unit="records/s",
-                    rate=peer_rates[kind],
-                    extra={"records": len(outputs), "keys": len(keys)},
-                )
-            )
 
-        progress(f"{E2E_NOOP}: keylane worker, no-op agent")
+        progress(f"{label}: {E2E_NOOP}, keylane worker, no-op agent")
         worker = self.worker(deployment, agent="bench.agents:noop", config="bench.agents:noop_config")
         reader = Reader(self.bootstrap, deployment.topic(OUTPUT), deployment.partitions(OUTPUT))
+        live_records = max(1, plan.latency_records // reps)
         try:
             await reader.start()
             await start(worker)
             outputs = await reader.take(
                 len(records), timeout_s=timeout_s, watch=[worker], match=lambda r: r.value.startswith(b"p")
             )
-            rate = rate_of(outputs)
+            run.rate = rate_of(outputs)
             progress(
-                f"{E2E_NOOP}: {rate:.0f} records/s; latency phase: {plan.latency_records} records "
+                f"{label}: {E2E_NOOP} {run.rate:.0f} records/s; latency phase: {live_records} records "
                 f"at {plan.latency_rate:.0f}/s"
             )
             # Let the worker finish what follows a burst (producer drain, commit) first: the
             # latency phase measures a worker at moderate load, not the tail of the burst.
             await asyncio.sleep(SETTLE_S)
             live = [
-                (keys[i % len(keys)], encode(AgentEnvelope(payload=f"l{i}")))
-                for i in range(plan.latency_records)
+                (keys[i % len(keys)], encode(AgentEnvelope(payload=f"l{i}"))) for i in range(live_records)
             ]
             sent_ms, latency_outputs = await asyncio.gather(
                 produce_paced(self.bootstrap, source, live, plan.latency_rate),
@@ -219,31 +287,25 @@ class BrokerBench(Testbed):
         if errors:
             raise BenchFailure(f"{E2E_NOOP}: {errors} records on agent.errors; see {worker.log_path}")
         produced_at = {b"l%d" % i: ms for i, ms in enumerate(sent_ms)}
-        latencies = [float(r.timestamp - produced_at[r.value]) for r in latency_outputs]
-        received = sorted(r.received_ms - produced_at[r.value] for r in latency_outputs)
-        extra: dict[str, Any] = {
-            "records": len(outputs),
-            "keys": len(keys),
-            "latency_records": len(latencies),
-            "latency_produce_rate": plan.latency_rate,
-            "latency_source": "output CreateTime - input CreateTime (ms)",
-            "received_latency_p50_ms": percentile(received, 50),
-            "received_latency_p99_ms": percentile(received, 99),
-            "duplicates": reader.duplicates,
-        }
-        for kind, peer_rate in peer_rates.items():
-            extra[f"{kind}_rate"] = peer_rate
-            extra[f"ratio_to_{kind}"] = rate / peer_rate
-        self.recorder.add(Result(name=E2E_NOOP, unit="ms", samples=latencies, rate=rate, extra=extra))
-        if peer_failure is not None:
-            raise peer_failure
+        run.latencies = [float(r.timestamp - produced_at[r.value]) for r in latency_outputs]
+        run.received = [float(r.received_ms - produced_at[r.value]) for r in latency_outputs]
+        run.duplicates = reader.duplicates
+        return run
 
-    async def hot_key(self, name: str, *, events: int, config: str, payload: str, **env: str) -> PrefilledRun:
+    async def hot_key(
+        self, name: str, *, events: int, config: str, payload: str, **env: str
+    ) -> list[PrefilledRun]:
         """The 50 ms agent on ``events`` pre-filled events of HOT_KEY (distinct payloads
-        ``<payload><i>``); a pessimistic 10 events/s, plus start-up, before giving up."""
-        deployment = await self.deploy(name)
+        ``<payload><i>``), once per repetition on a fresh deployment; a pessimistic 10
+        events/s, plus start-up, before giving up."""
         records = [(HOT_KEY, encode(AgentEnvelope(payload=f"{payload}{i}"))) for i in range(events)]
-        return await self.run_prefilled(deployment, records, config=config, timeout_s=60 + events / 10, **env)
+        runs, timeout_s = [], 60 + events / 10
+        for rep in range(self.repetitions):
+            deployment = await self.deploy(f"{name}-r{rep}")
+            measured = self.run_prefilled(deployment, records, config=config, timeout_s=timeout_s, **env)
+            runs.append(await measured)
+            await self.stop_all()
+        return runs
 
     async def run_prefilled(
         self,
@@ -279,19 +341,24 @@ class BrokerBench(Testbed):
     async def per_key_ceiling(self) -> None:
         events = self.plan.ceiling_events
         progress(f"{PER_KEY_CEILING}: {events} events of one key, FakeLLM {LLM_LATENCY_MS:.0f} ms, unsharded")
-        run = await self.hot_key("ceiling", events=events, config="bench.agents:config", payload="c")
-        bound = 1000 / run.mean_activation_ms
+        runs = await self.hot_key("ceiling", events=events, config="bench.agents:config", payload="c")
+        rates = [run.rate for run in runs]
+        rate = statistics.median(rates)
+        mean_ms = statistics.median(run.mean_activation_ms for run in runs)
+        bound = 1000 / mean_ms
         self.recorder.add(
             Result(
                 name=PER_KEY_CEILING,
                 unit="activations/s",
-                rate=run.rate,
+                rate=rate,
+                repetitions=rates,
                 extra={
-                    "events": len(run.outputs),
+                    "events": len(runs[-1].outputs),
                     "llm_latency_ms": LLM_LATENCY_MS,
-                    "mean_activation_ms": run.mean_activation_ms,
+                    "mean_activation_ms": mean_ms,
                     "bound_rate": bound,
-                    "ratio": run.rate / bound,
+                    "ratio": rate / bound,
+                    "ratio_by_repetition": [run.rate * run.mean_activation_ms / 1000 for run in runs],
                 },
             )
         )
@@ -301,15 +368,18 @@ class BrokerBench(Testbed):
         events = self.plan.fanout_events
         name = HOT_KEY_FANOUT[shards]
         progress(f"{name}: {events} events of one key behind ShardKeys({shards})")
-        run = await self.hot_key(
+        runs = await self.hot_key(
             f"fanout-n{shards}",
             events=events,
             config="bench.agents:sharded",
             payload="f",  # the same payloads for every N
             **{SHARDS_ENV: str(shards)},
         )
+        rates = [run.rate for run in runs]
+        rate = statistics.median(rates)
         if shards == 1:
-            self.fanout_n1_rate = run.rate
+            self.fanout_n1_rate = rate
+        run = runs[-1]  # the payloads, and so the spread over physical keys, are every run's
         spread = Counter((r.key or b"").decode() for r in run.outputs)
         partitions = {key: expected_partition(key.encode(), run.partitions) for key in sorted(spread)}
         per_lane = Counter[int]()
@@ -318,18 +388,19 @@ class BrokerBench(Testbed):
         # The rate the spread allows with perfect lanes, in the same (count - 1) / span terms
         # as the rate: the busiest lane runs its (busiest - 1) activations end to end.
         busiest = max(per_lane.values())
-        mean_ms = run.mean_activation_ms
+        mean_ms = statistics.median(r.mean_activation_ms for r in runs)
         lane_bound = (len(run.outputs) - 1) * 1000 / ((busiest - 1) * mean_ms) if busiest > 1 else None
         n1_rate = self.fanout_n1_rate
         self.recorder.add(
             Result(
                 name=name,
                 unit="events/s",
-                rate=run.rate,
+                rate=rate,
+                repetitions=rates,
                 extra={
                     "shards": shards,
                     "events": len(run.outputs),
-                    "ratio_to_n1": run.rate / n1_rate if n1_rate else None,
+                    "ratio_to_n1": rate / n1_rate if n1_rate else None,
                     "spread": dict(sorted(spread.items())),
                     "partitions": partitions,
                     "lanes": len(per_lane),
@@ -337,7 +408,7 @@ class BrokerBench(Testbed):
                     "mean_activation_ms": mean_ms,
                     "lane_bound_rate": lane_bound,
                     "ideal_ratio": lane_bound * mean_ms / 1000 if lane_bound else None,
-                    "efficiency": run.rate / lane_bound if lane_bound else None,
+                    "efficiency": rate / lane_bound if lane_bound else None,
                 },
             )
         )
@@ -350,7 +421,7 @@ async def run_broker_benchmarks(recorder: Recorder, *, size: Size, bootstrap: st
     raised (the results that were measured are already recorded). Processes are stopped and
     the run's topics deleted either way.
     """
-    bench = BrokerBench(recorder, PLANS[size], bootstrap)
+    bench = BrokerBench(recorder, size, bootstrap)
     progress(f"broker benchmarks ({size}) on {bootstrap}; topics {bench.run_id}-*; logs in {bench.work_dir}")
     steps: list[Step] = [
         ("e2e_noop and peers", bench.e2e_and_peers),

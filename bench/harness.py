@@ -17,6 +17,12 @@ from typing import Any, Literal
 
 Size = Literal["smoke", "quick", "full"]
 
+REPETITIONS: dict[Size, int] = {"smoke": 1, "quick": 3, "full": 3}
+"""How many times each benchmark measures its headline figure at each size (smoke runs once:
+it checks the harness, not the figures)."""
+SPREAD_LIMIT = 0.15
+"""A figure whose repetitions spread more than this around their median is flagged unstable."""
+
 
 class BenchFailure(RuntimeError):
     """A benchmark could not measure what it set out to (said in one message)."""
@@ -28,7 +34,9 @@ class Result:
 
     ``samples`` are per-operation measurements in ``unit`` (ms for latencies); ``rate`` is a
     throughput in operations per second; ``extra`` holds benchmark-specific figures (ratios,
-    spreads, bounds), all JSON-serialisable.
+    spreads, bounds), all JSON-serialisable. ``repetitions`` is the headline figure of each
+    repetition (its rate, or the p50 of its samples): ``rate`` is their median, ``samples``
+    every repetition's samples together.
     """
 
     name: str
@@ -36,6 +44,18 @@ class Result:
     samples: list[float] = field(default_factory=list)
     rate: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    repetitions: list[float] = field(default_factory=list)
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of the repetitions; None with fewer than two."""
+        return spread(self.repetitions)
+
+    @property
+    def unstable(self) -> bool:
+        """The repetitions disagree by more than SPREAD_LIMIT: the figure is not one to trust."""
+        measured = self.spread
+        return measured is not None and measured > SPREAD_LIMIT
 
     def summary(self) -> dict[str, Any]:
         """median, p50, p99, n (of samples) and rate, as the report's tables show them."""
@@ -44,6 +64,8 @@ class Result:
             "unit": self.unit,
             "n": len(self.samples),
             "rate": self.rate,
+            "repetitions": len(self.repetitions),
+            "spread": self.spread,
         }
         if self.samples:
             ordered = sorted(self.samples)
@@ -54,6 +76,15 @@ class Result:
                 mean=statistics.fmean(ordered),
             )
         return out
+
+
+def spread(values: list[float]) -> float | None:
+    """(max - min) / median of ``values``: how far repetitions of one figure disagree, as a
+    fraction of the figure. None with fewer than two values or a zero median."""
+    if len(values) < 2:
+        return None
+    middle = statistics.median(values)
+    return (max(values) - min(values)) / middle if middle else None
 
 
 def percentile(ordered: list[float], pct: float) -> float:
@@ -81,7 +112,7 @@ class Recorder:
         shown = ", ".join(
             f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
             for k, v in summary.items()
-            if k in ("n", "rate", "p50", "p99") and v is not None
+            if k in ("n", "rate", "p50", "p99", "spread") and v is not None
         )
         progress(f"done {result.name}: {shown}")
         return result

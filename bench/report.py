@@ -10,7 +10,7 @@ from typing import Any
 
 from bench import names
 from bench.gate import evaluate
-from bench.harness import Result
+from bench.harness import SPREAD_LIMIT, Result
 
 RECOVERY_PREFIX = "recovery_"  # bench/recovery.py's result names: recovery_<N>keys
 
@@ -40,32 +40,61 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
+def e2e_ratio(results: dict[str, Result], peer: str) -> float | None:
+    """e2e_noop's rate over a peer's: the median of the repetitions' side-by-side ratios
+    where the run recorded them, else the ratio of the two rates."""
+    e2e = results.get(names.E2E_NOOP)
+    if e2e is not None and f"ratio_to_{peer}" in e2e.extra:
+        ratio: float | None = e2e.extra[f"ratio_to_{peer}"]
+        return ratio
+    peer_name = names.PEER_AIOKAFKA if peer == "aiokafka" else names.PEER_FAUST
+    return _ratio(_rate(results, names.E2E_NOOP), _rate(results, peer_name))
+
+
+def spread_cell(result: Result) -> str:
+    """The repetitions' spread around their median, flagged past SPREAD_LIMIT."""
+    measured = result.spread
+    if measured is None:
+        return f"— ({len(result.repetitions) or 1} run)"
+    flag = " ⚠" if result.unstable else ""
+    return f"{measured:.0%}{flag} ({len(result.repetitions)} runs)"
+
+
 def summary_table(results: dict[str, Result]) -> list[str]:
-    e2e, aiokafka, faust_peer = (
-        _rate(results, n) for n in (names.E2E_NOOP, names.PEER_AIOKAFKA, names.PEER_FAUST)
-    )
     lines = [
-        "| benchmark | unit | median | p50 | p99 | samples | rate (/s) | ratio to peers |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| benchmark | unit | median | p50 | p99 | samples | rate (/s) | spread | ratio to peers |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for name in names.EXPECTED:
         result = results.get(name)
         if result is None:
-            lines.append(f"| {name} | — | missing | | | | | |")
+            lines.append(f"| {name} | — | missing | | | | | | |")
             continue
         s = result.summary()
         peers = ""
         if name == names.E2E_NOOP:
             peers = (
-                f"{_fmt(_ratio(e2e, aiokafka), 2)}x raw aiokafka loop, {_fmt(_ratio(e2e, faust_peer), 2)}x "
-                "plain Faust + table"
+                f"{_fmt(e2e_ratio(results, 'aiokafka'), 2)}x raw aiokafka loop, "
+                f"{_fmt(e2e_ratio(results, 'faust'), 2)}x plain Faust + table"
             )
         lines.append(
             f"| {name} | {result.unit} | {_fmt(s.get('median'))} | {_fmt(s.get('p50'))} "
             f"| {_fmt(s.get('p99'))} "
-            f"| {s['n'] or '—'} | {_fmt(result.rate, 1)} | {peers} |"
+            f"| {s['n'] or '—'} | {_fmt(result.rate, 1)} | {spread_cell(result)} | {peers} |"
         )
     return lines
+
+
+def unstable_figures(results: dict[str, Result]) -> list[str]:
+    """One line naming the figures whose repetitions disagree by more than SPREAD_LIMIT."""
+    unstable = [name for name in names.EXPECTED if name in results and results[name].unstable]
+    if not unstable:
+        return [f"Every repeated figure's repetitions lie within {SPREAD_LIMIT:.0%} of their median."]
+    shown = ", ".join(f"`{name}` ({results[name].spread:.0%})" for name in unstable)
+    return [
+        f"⚠ Repetitions spread more than {SPREAD_LIMIT:.0%} of their median for {shown}: "
+        "the machine was not steady enough for these figures; do not compare them."
+    ]
 
 
 def targets_table(results: dict[str, Result]) -> list[str]:
@@ -74,7 +103,7 @@ def targets_table(results: dict[str, Result]) -> list[str]:
         (r for r in (_rate(results, names.NOOP_1KEY), _rate(results, names.NOOP_1000KEYS)) if r is not None),
         default=None,
     )
-    e2e_vs_faust = _ratio(_rate(results, names.E2E_NOOP), _rate(results, names.PEER_FAUST))
+    e2e_vs_faust = e2e_ratio(results, "faust")
     fan8 = _ratio(_rate(results, names.HOT_KEY_FANOUT[8]), _rate(results, names.HOT_KEY_FANOUT[1]))
     state = _ratio(_p(results, names.STATE_COMMIT[100], "p50"), _p(results, names.STATE_COMMIT[1], "p50"))
     fan4 = _ratio(_rate(results, names.HOT_KEY_FANOUT[4]), _rate(results, names.HOT_KEY_FANOUT[1]))
@@ -175,20 +204,28 @@ def fanout_table(results: dict[str, Result]) -> list[str]:
 
 def lanes_table(results: dict[str, Result]) -> list[str]:
     lines = [
-        "| lanes | keys on partition 0 | max_in_flight | rate (/s) | ideal (/s) | ratio to ideal |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| lanes | keys on partition 0 | max_in_flight | rate (/s) | ideal (/s) | ratio to ideal "
+        "| worst repetition |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for mode, name in names.LANES.items():
         result = results.get(name)
         if result is None:
-            lines.append(f"| {mode} | missing | | | | |")
+            lines.append(f"| {mode} | missing | | | | | |")
             continue
         extra = result.extra
         lines.append(
             f"| {mode} | {extra.get('keys')} | {extra.get('max_in_flight') if mode == 'key' else '1 lane'} "
             f"| {_fmt(result.rate, 1)} | {_fmt(extra.get('ideal_rate'), 1)} "
-            f"| {_fmt(extra.get('ratio_to_ideal'), 2)} |"
+            f"| {_fmt(extra.get('ratio_to_ideal'), 2)} | {_fmt(extra.get('min_ratio_to_ideal'), 2)} |"
         )
+    carried = _rate(results, names.E2E_NOOP)
+    if carried is not None:
+        lines += [
+            "",
+            f"The worker's whole path carried {carried:,.0f} records/s with a no-op agent in this run "
+            "(`e2e_noop`): an ideal above that is out of reach whatever the lanes do.",
+        ]
     return lines
 
 
@@ -370,6 +407,12 @@ def write_report(
         "## Summary",
         "",
         *summary_table(results),
+        "",
+        "Each benchmark runs several times (`spread` = (max - min) / median of the repetitions' "
+        "figures: a rate, or the p50 of a run's samples); the rate is their median and a ratio to "
+        "a peer the median of the repetitions' side-by-side ratios.",
+        "",
+        *unstable_figures(results),
         "",
         "## Targets",
         "",

@@ -3,17 +3,25 @@
 Every activation goes through KeyRuntime exactly as in a worker (decode, state load,
 activation, one encoded KeyState commit) via keylane.testing.AgentHarness; only the broker
 round trips are absent.
+
+Each benchmark warms up on a tenth of its work (discarded), then splits its count over
+REPETITIONS[size] measured repetitions, each after a full garbage collection with the
+survivors frozen (``gc.freeze``), so that one repetition does not pay for another's garbage.
+A rate is the median of the repetitions' rates; samples are every repetition's together.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import statistics
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 from bench import names
-from bench.harness import Recorder, Result, Size, progress
+from bench.harness import REPETITIONS, Recorder, Result, Size, percentile, progress
 from keylane import (
     ActivationContext,
     AgentConfig,
@@ -87,6 +95,46 @@ async def bump_counter(ctx: ActivationContext) -> Complete:
 
 
 EVENT = encode(AgentEnvelope(payload="x"))
+T = TypeVar("T")
+
+
+@contextmanager
+def collected_and_frozen() -> Iterator[None]:
+    """A full collection, then every survivor frozen out of the collector's scans while the
+    block runs: the block's collections see only its own objects."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+async def repeated(reps: int, count: int, measure: Callable[[int], Awaitable[T]]) -> list[T]:
+    """``measure(n)`` once on a tenth of ``count`` to warm up (discarded), then ``reps`` times
+    on ``count / reps`` each; the measured repetitions' results."""
+    await measure(max(1, count // 10))
+    results = []
+    for _ in range(reps):
+        with collected_and_frozen():
+            results.append(await measure(max(1, count // reps)))
+    return results
+
+
+def sampled(name: str, unit: str, repetitions: list[list[float]], **extra: Any) -> Result:
+    """A samples Result from each repetition's samples; a repetition's figure is its p50."""
+    return Result(
+        name=name,
+        unit=unit,
+        samples=[sample for rep in repetitions for sample in rep],
+        repetitions=[percentile(sorted(rep), 50) for rep in repetitions],
+        extra=extra,
+    )
+
+
+def rated(name: str, unit: str, rates: list[float], **extra: Any) -> Result:
+    """A rate Result: the median of the repetitions' rates."""
+    return Result(name=name, unit=unit, rate=statistics.median(rates), repetitions=rates, extra=extra)
 
 
 async def timed(harness: AgentHarness, key: bytes, value: bytes = EVENT) -> float:
@@ -96,72 +144,94 @@ async def timed(harness: AgentHarness, key: bytes, value: bytes = EVENT) -> floa
     return (time.perf_counter() - started) * 1000
 
 
-async def bench_noop(recorder: Recorder, count: int) -> None:
-    for name, keys in ((names.NOOP_1KEY, 1), (names.NOOP_1000KEYS, 1000)):
-        harness = AgentHarness(noop, AgentConfig())
-        key_list = [f"key-{i}".encode() for i in range(keys)]
+def noop_rate(keys: int) -> Callable[[int], Awaitable[float]]:
+    """Activations/s of ``n`` no-op events over ``keys`` keys, on one harness."""
+    harness = AgentHarness(noop, AgentConfig())
+    key_list = [f"key-{i}".encode() for i in range(keys)]
+
+    async def rate(n: int) -> float:
         started = time.perf_counter()
-        for i in range(count):
+        for i in range(n):
             await harness.send_raw(harness.events_topic, key_list[i % keys], EVENT)
             if len(harness.published) > 10_000:
                 harness.published.clear()
                 harness.records.clear()
-        elapsed = time.perf_counter() - started
-        recorder.add(Result(name=name, unit="activations/s", rate=count / elapsed, extra={"keys": keys}))
+        return n / (time.perf_counter() - started)
+
+    return rate
 
 
-async def bench_overhead(recorder: Recorder, tier_ms: int, count: int) -> None:
+async def bench_noop(recorder: Recorder, count: int, reps: int) -> None:
+    for name, keys in ((names.NOOP_1KEY, 1), (names.NOOP_1000KEYS, 1000)):
+        rates = await repeated(reps, count, noop_rate(keys))
+        recorder.add(rated(name, "activations/s", rates, keys=keys))
+
+
+async def bench_overhead(recorder: Recorder, tier_ms: int, count: int, reps: int) -> None:
     provider = FakeLLM([(match_any(), respond_with(b"ok", latency_ms=tier_ms))])
     harness = AgentHarness(model_agent(), AgentConfig(), provider=provider)
-    samples: list[float] = []
-    per_key = -(-count // CONCURRENT_KEYS)
 
-    async def one_key(index: int) -> None:
-        key = f"tier-key-{index}".encode()
-        for _ in range(per_key):
-            samples.append(await timed(harness, key) - tier_ms)
+    async def overheads(n: int) -> list[float]:
+        samples: list[float] = []
+        per_key = -(-n // CONCURRENT_KEYS)
 
-    progress(f"{names.OVERHEAD[tier_ms]}: {per_key * CONCURRENT_KEYS} activations at {tier_ms} ms")
-    await asyncio.gather(*(one_key(i) for i in range(CONCURRENT_KEYS)))
+        async def one_key(index: int) -> None:
+            key = f"tier-key-{index}".encode()
+            for _ in range(per_key):
+                samples.append(await timed(harness, key) - tier_ms)
+
+        await asyncio.gather(*(one_key(i) for i in range(CONCURRENT_KEYS)))
+        return samples
+
+    progress(f"{names.OVERHEAD[tier_ms]}: {count} activations at {tier_ms} ms in {reps} repetition(s)")
     recorder.add(
-        Result(
-            name=names.OVERHEAD[tier_ms],
-            unit="ms",
-            samples=samples,
-            extra={"provider_latency_ms": tier_ms, "concurrent_keys": CONCURRENT_KEYS},
+        sampled(
+            names.OVERHEAD[tier_ms],
+            "ms",
+            await repeated(reps, count, overheads),
+            provider_latency_ms=tier_ms,
+            concurrent_keys=CONCURRENT_KEYS,
         )
     )
 
 
-async def bench_timer_baseline(recorder: Recorder, count: int) -> None:
+async def bench_timer_baseline(recorder: Recorder, count: int, reps: int) -> None:
     """How late asyncio.sleep(0.05) wakes under the same concurrency: part of every tier's
     measured overhead is this, not keylane (epoll waits in whole milliseconds)."""
-    samples: list[float] = []
-    per_key = -(-count // CONCURRENT_KEYS)
 
-    async def one_key() -> None:
-        for _ in range(per_key):
-            started = time.perf_counter()
-            await asyncio.sleep(0.05)
-            samples.append((time.perf_counter() - started) * 1000 - 50)
+    async def lateness(n: int) -> list[float]:
+        samples: list[float] = []
+        per_key = -(-n // CONCURRENT_KEYS)
 
-    await asyncio.gather(*(one_key() for _ in range(CONCURRENT_KEYS)))
-    recorder.add(Result(name=names.TIMER_BASELINE, unit="ms", samples=samples))
+        async def one_key() -> None:
+            for _ in range(per_key):
+                started = time.perf_counter()
+                await asyncio.sleep(0.05)
+                samples.append((time.perf_counter() - started) * 1000 - 50)
+
+        await asyncio.gather(*(one_key() for _ in range(CONCURRENT_KEYS)))
+        return samples
+
+    recorder.add(sampled(names.TIMER_BASELINE, "ms", await repeated(reps, count, lateness)))
 
 
-async def bench_suspension_roundtrip(recorder: Recorder, count: int) -> None:
+async def bench_suspension_roundtrip(recorder: Recorder, count: int, reps: int) -> None:
     registry = ToolRegistry()
     registry.register("side_effect", lambda args: args, side_effect=True)
     harness = AgentHarness(act_then_resume, AgentConfig(tools=registry))
-    samples = []
-    for i in range(count):
-        key = f"suspend-{i % 100}".encode()
-        started = time.perf_counter()
-        await harness.send_raw(harness.events_topic, key, EVENT)
-        intent = harness.intents()[-1]
-        await harness.send_result(harness.result_for(intent))
-        samples.append((time.perf_counter() - started) * 1000)
-    recorder.add(Result(name=names.SUSPENSION_ROUNDTRIP, unit="ms", samples=samples))
+
+    async def round_trips(n: int) -> list[float]:
+        samples = []
+        for i in range(n):
+            key = f"suspend-{i % 100}".encode()
+            started = time.perf_counter()
+            await harness.send_raw(harness.events_topic, key, EVENT)
+            intent = harness.intents()[-1]
+            await harness.send_result(harness.result_for(intent))
+            samples.append((time.perf_counter() - started) * 1000)
+        return samples
+
+    recorder.add(sampled(names.SUSPENSION_ROUNDTRIP, "ms", await repeated(reps, count, round_trips)))
 
 
 def state_with_memory(kib: int) -> KeyState:
@@ -169,36 +239,43 @@ def state_with_memory(kib: int) -> KeyState:
     return KeyState(memory=blob, seq=1)
 
 
-async def bench_state_commit(recorder: Recorder, kib: int, count: int) -> None:
+async def bench_state_commit(recorder: Recorder, kib: int, count: int, reps: int) -> None:
     harness = AgentHarness(bump_counter, AgentConfig())
     key = b"stateful"
     harness.store[key] = encode_state(state_with_memory(kib))
-    samples = [await timed(harness, key) for _ in range(count)]
+
+    async def commits(n: int) -> list[float]:
+        return [await timed(harness, key) for _ in range(n)]
+
+    repetitions = await repeated(reps, count, commits)
     committed = len(harness.store[key])
-    recorder.add(
-        Result(name=names.STATE_COMMIT[kib], unit="ms", samples=samples, extra={"blob_bytes": committed})
-    )
+    recorder.add(sampled(names.STATE_COMMIT[kib], "ms", repetitions, blob_bytes=committed))
 
 
-def bench_encode(recorder: Recorder, kib: int, count: int) -> None:
+async def bench_encode(recorder: Recorder, kib: int, count: int, reps: int) -> None:
     state = state_with_memory(kib)
-    samples = []
-    for _ in range(count):
-        started = time.perf_counter()
-        encode_state(state)
-        samples.append((time.perf_counter() - started) * 1000)
-    recorder.add(Result(name=names.ENCODE[kib], unit="ms", samples=samples, extra={"blob_kib": kib}))
+
+    async def encodes(n: int) -> list[float]:
+        samples = []
+        for _ in range(n):
+            started = time.perf_counter()
+            encode_state(state)
+            samples.append((time.perf_counter() - started) * 1000)
+        return samples
+
+    recorder.add(sampled(names.ENCODE[kib], "ms", await repeated(reps, count, encodes), blob_kib=kib))
 
 
 async def run_runtime_benchmarks(recorder: Recorder, *, size: Size) -> None:
     """Every runtime-only benchmark of bench/names.py, in order."""
     counts: dict[str, Any] = COUNTS[size]
-    progress("runtime benchmarks (in process, no broker)")
-    await bench_noop(recorder, counts["noop"])
+    reps = REPETITIONS[size]
+    progress(f"runtime benchmarks (in process, no broker), {reps} repetition(s) each")
+    await bench_noop(recorder, counts["noop"], reps)
     for tier in names.OVERHEAD_TIERS_MS:
-        await bench_overhead(recorder, tier, counts[f"overhead_{tier}"])
-    await bench_timer_baseline(recorder, counts["overhead_50"])
-    await bench_suspension_roundtrip(recorder, counts["suspend"])
+        await bench_overhead(recorder, tier, counts[f"overhead_{tier}"], reps)
+    await bench_timer_baseline(recorder, counts["overhead_50"], reps)
+    await bench_suspension_roundtrip(recorder, counts["suspend"], reps)
     for kib in names.STATE_SIZES_KIB:
-        await bench_state_commit(recorder, kib, counts["state"])
-        bench_encode(recorder, kib, counts["encode"])
+        await bench_state_commit(recorder, kib, counts["state"], reps)
+        await bench_encode(recorder, kib, counts["encode"], reps)

@@ -14,7 +14,7 @@ import pytest
 
 from bench import names, recovery
 from bench.gate import evaluate
-from bench.harness import load_results
+from bench.harness import REPETITIONS, load_results
 from tests.broker import REPO
 
 pytestmark = pytest.mark.kafka
@@ -42,6 +42,7 @@ def test_smoke_run_reports_every_benchmark(kafka_bootstrap: str, tmp_path: Path)
     for name in names.EXPECTED:
         result = results[name]
         assert result.samples or result.rate is not None, f"{name} measured nothing"
+        assert len(result.repetitions) == REPETITIONS["smoke"], f"{name} records each repetition's figure"
         if result.rate is not None:
             assert math.isfinite(result.rate) and result.rate > 0, name
         if result.samples:
