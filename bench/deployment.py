@@ -24,7 +24,7 @@ from bench.harness import BenchFailure, progress
 from bench.peers import READY as PEER_READY
 from keylane.catalog import OUTPUT, Catalog, default_catalog_path, load_catalog
 from keylane.config import Settings
-from keylane.kafka.topic_admin import admin_client, apply_catalog, ensure_topic
+from keylane.kafka.topic_admin import admin_client, apply_catalog, ensure_topic, wait_until_leaders_serve
 from keylane.testing.processes import (
     READY_LINE,
     KeylaneProcess,
@@ -62,19 +62,12 @@ class Deployment:
 
 
 async def wait_for_leaders(client: AIOKafkaAdminClient, topics: Sequence[str], timeout_s: float = 30) -> None:
-    """Wait until every partition of fresh ``topics`` has a leader. (The broker may still
-    answer the first requests with a retriable NotLeaderForPartition for a moment.)"""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        described = await client.describe_topics(list(topics))
-        if all(
-            d["error_code"] == 0 and d["partitions"] and all(p["leader"] >= 0 for p in d["partitions"])
-            for d in described
-        ):
-            return
-        if time.monotonic() > deadline:
-            raise BenchFailure(f"topics {', '.join(topics)} have no leaders after {timeout_s:.0f}s")
-        await asyncio.sleep(0.1)
+    """Wait until the leader of every partition of fresh ``topics`` serves it, so that no
+    benchmark's first records meet a NotLeaderForPartition retry."""
+    leaderless = await wait_until_leaders_serve(client, list(topics), timeout_s=timeout_s)
+    if leaderless:
+        shown = ", ".join(leaderless[:5])
+        raise BenchFailure(f"partitions {shown} have no serving leader after {timeout_s:.0f}s")
 
 
 async def start(process: ManagedProcess) -> ManagedProcess:

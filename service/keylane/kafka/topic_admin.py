@@ -32,6 +32,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.protocol.metadata import MetadataRequest
+from aiokafka.protocol.offset import OffsetRequest
 
 from keylane.catalog import Catalog, TopicSpec
 from keylane.config import Settings
@@ -216,6 +217,57 @@ async def wait_until_every_broker_knows(
         await asyncio.sleep(0.1)
 
 
+async def wait_until_leaders_serve(
+    client: AIOKafkaAdminClient, names: list[str], *, timeout_s: float = METADATA_WAIT_S
+) -> list[str]:
+    """Wait until the leader of every partition of ``names`` answers for it (a ListOffsets
+    for its end, sent to the leader the metadata names); returns the partitions that still
+    did not at the deadline (empty: all serve).
+
+    The metadata names a fresh topic's leaders a moment before those brokers act as leaders:
+    a record produced in between is answered NotLeaderForPartition, and the producer logs a
+    warning for each retry. Nothing is lost, but a worker's first log lines and a benchmark's
+    first figures should not carry that noise, so whoever creates topics waits this out.
+    """
+    inner = client._client  # the public admin API has no ListOffsets
+    deadline = time.monotonic() + timeout_s
+    while True:
+        waiting: list[str] = []
+        by_leader: dict[int, dict[str, list[int]]] = {}
+        for described in await retry_retriable(lambda: client.describe_topics(names)):
+            topic = described["topic"]
+            if described["error_code"] != 0 or not described["partitions"]:
+                waiting.append(topic)
+                continue
+            for partition in described["partitions"]:
+                if partition["leader"] < 0:
+                    waiting.append(f"{topic}/{partition['partition']}")
+                else:
+                    by_leader.setdefault(partition["leader"], {}).setdefault(topic, []).append(
+                        partition["partition"]
+                    )
+        for leader, topics in by_leader.items():
+            request = OffsetRequest(
+                replica_id=-1,
+                isolation_level=0,
+                topics=[(topic, [(p, -1) for p in parts]) for topic, parts in topics.items()],
+            )
+            try:
+                answer = (await inner.send(leader, request)).to_object()
+            except (KafkaError, OSError):
+                waiting.extend(f"{topic}/{p}" for topic, parts in topics.items() for p in parts)
+                continue
+            waiting.extend(
+                f"{t['topic']}/{p['partition']}"
+                for t in answer["topics"]
+                for p in t["partitions"]
+                if p["error_code"] != 0
+            )
+        if not waiting or time.monotonic() > deadline:
+            return waiting
+        await asyncio.sleep(0.05)
+
+
 async def ensure_topic(
     client: AIOKafkaAdminClient,
     *,
@@ -261,6 +313,8 @@ async def ensure_topic(
         log.warning(
             "topic %s is not in every broker's metadata after %ss: %s", name, METADATA_WAIT_S, unknown
         )
+    elif created and (leaderless := await wait_until_leaders_serve(client, [name])):
+        log.warning("topic %s has partitions whose leader does not serve yet: %s", name, leaderless[:3])
     return created
 
 
@@ -326,6 +380,11 @@ async def apply_catalog(client: AIOKafkaAdminClient, catalog: Catalog) -> ApplyR
             result.warnings.append(
                 f"created topics not yet in every broker's metadata after {METADATA_WAIT_S:.0f}s: "
                 + ", ".join(unknown[:3])
+            )
+        elif leaderless := await wait_until_leaders_serve(client, result.created):
+            result.warnings.append(
+                f"created topics whose leaders do not serve yet after {METADATA_WAIT_S:.0f}s: "
+                + ", ".join(leaderless[:3])
             )
     for report in reports:
         if report.status == "ok":
