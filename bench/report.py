@@ -107,6 +107,12 @@ def targets_table(results: dict[str, Result]) -> list[str]:
     fan8 = _ratio(_rate(results, names.HOT_KEY_FANOUT[8]), _rate(results, names.HOT_KEY_FANOUT[1]))
     state = _ratio(_p(results, names.STATE_COMMIT[100], "p50"), _p(results, names.STATE_COMMIT[1], "p50"))
     fan4 = _ratio(_rate(results, names.HOT_KEY_FANOUT[4]), _rate(results, names.HOT_KEY_FANOUT[1]))
+    largest = results.get(names.STATE_GROWTH[names.STATE_GROWTH_KIB[-1]])
+    amplification = largest.extra.get("write_amplification") if largest is not None else None
+    growth_rate = _ratio(
+        _rate(results, names.STATE_GROWTH[names.STATE_GROWTH_KIB[-1]]),
+        _rate(results, names.STATE_GROWTH[names.STATE_GROWTH_KIB[0]]),
+    )
     lanes = results.get(names.LANES["key"])
     lanes_ratio = lanes.extra.get("ratio_to_ideal") if lanes is not None else None
     rows: list[tuple[str, str, float | None, float, bool]] = [
@@ -124,6 +130,8 @@ def targets_table(results: dict[str, Result]) -> list[str]:
             True,
         ),
         ("hot_key_fanout N=4 / N=1 in key lanes", ">= 3.2x (0.8 x N)", fan4, 3.2, True),
+        ("state_growth_512kib changelog bytes / changed bytes", "<= 4x", amplification, 4.0, False),
+        ("state_growth_512kib / state_growth_1kib (activations/s)", ">= 0.80", growth_rate, 0.8, True),
         ("hot_key_fanout N=8 / N=1 in key lanes", ">= 6.4x (0.8 x N)", fan8, 6.4, True),
     ]
     lines = ["| target | goal | measured | status |", "| --- | --- | ---: | --- |"]
@@ -226,6 +234,30 @@ def lanes_table(results: dict[str, Result]) -> list[str]:
             f"The worker's whole path carried {carried:,.0f} records/s with a no-op agent in this run "
             "(`e2e_noop`): an ideal above that is out of reach whatever the lanes do.",
         ]
+    return lines
+
+
+def state_growth_table(results: dict[str, Result]) -> list[str]:
+    base = _rate(results, names.STATE_GROWTH[names.STATE_GROWTH_KIB[0]])
+    lines = [
+        "| memory per key | activations/s | ratio to 1 KiB | changelog per activation "
+        "| changed per activation "
+        "| write amplification | spread |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for kib in names.STATE_GROWTH_KIB:
+        result = results.get(names.STATE_GROWTH[kib])
+        if result is None:
+            lines.append(f"| {kib} KiB | missing | | | | | |")
+            continue
+        x = result.extra
+        written, changed = x.get("changelog_bytes_per_activation"), x.get("changed_bytes_per_activation")
+        lines.append(
+            f"| {kib} KiB | {_fmt(result.rate, 1)} | {_fmt(_ratio(result.rate, base), 2)} "
+            f"| {_fmt(written / 1024 if written is not None else None, 1)} KiB "
+            f"| {_fmt(changed / 1024 if changed is not None else None, 1)} KiB "
+            f"| {_fmt(x.get('write_amplification'), 1)}x | {spread_cell(result)} |"
+        )
     return lines
 
 
@@ -437,6 +469,16 @@ def write_report(
         "## Key lanes vs partition lanes",
         "",
         *lanes_table(results),
+        "",
+        "## State cost against what changed",
+        "",
+        "Keys holding 1, 64 and 512 KiB of memory, each activation rewriting one 1 KiB cell "
+        "(bench/state_growth.py). *Changelog per activation*: the state changelog's growth on the "
+        "broker (DescribeLogDirs) over a batch, divided by its activations; *write amplification*: "
+        "that over the bytes the activation changed. Goals: at most 4x, and 512 KiB at 0.8x the "
+        "1 KiB rate or better.",
+        "",
+        *state_growth_table(results),
         "",
         "## Recovery",
         "",

@@ -41,6 +41,7 @@ async def run(size: Size, out_dir: Path, report: Path) -> None:
     from bench.broker import run_broker_benchmarks
     from bench.lanes import run_lanes_benchmarks
     from bench.recovery import run_recovery_benchmarks
+    from bench.state_growth import run_state_growth_benchmarks
 
     recorder = Recorder(out_dir, size=size)
     await run_runtime_benchmarks(recorder, size=size)
@@ -54,6 +55,7 @@ async def run(size: Size, out_dir: Path, report: Path) -> None:
     try:
         await run_broker_benchmarks(recorder, size=size, bootstrap=bootstrap)
         await run_lanes_benchmarks(recorder, size=size, bootstrap=bootstrap)
+        await run_state_growth_benchmarks(recorder, size=size, bootstrap=bootstrap)
         await run_recovery_benchmarks(recorder, size=size, bootstrap=bootstrap)
     finally:
         if launcher is not None:

@@ -56,6 +56,11 @@ def test_smoke_run_reports_every_benchmark(kafka_bootstrap: str, tmp_path: Path)
             extra["partitions"]
         )
     assert results[names.PER_KEY_CEILING].extra["bound_rate"] > 0
+    for kib in names.STATE_GROWTH_KIB:
+        extra = results[names.STATE_GROWTH[kib]].extra
+        assert extra["changelog_records_per_activation"] >= 1, "every activation writes its state"
+        # Today each activation writes the key's whole memory: at least what it holds.
+        assert extra["changelog_bytes_per_activation"] >= kib * 1024, kib
     assert results[names.E2E_NOOP].samples, "e2e latency samples"
     for keys in recovery.KEYS["smoke"]:
         extra = results[recovery.result_name(keys)].extra
@@ -87,6 +92,7 @@ def test_smoke_run_reports_every_benchmark(kafka_bootstrap: str, tmp_path: Path)
         "## Throughput-math inputs (seed 000)",
         "## Hot-key fan-out",
         "## Key lanes vs partition lanes",
+        "## State cost against what changed",
         "## Recovery",
     ):
         assert section in text

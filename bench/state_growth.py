@@ -1,0 +1,198 @@
+"""State cost against what changed: keys holding 1, 64 and 512 KiB of memory, each activation
+rewriting 1 KiB of it.
+
+Entry point: :func:`run_state_growth_benchmarks` (``python -m bench.run`` runs it). For each
+memory size, in one fresh deployment (bench/deployment.py: 6 co-partitioned partitions):
+
+1. **Fill**: one ``fill`` event per key through a real ``keylane worker`` running
+   :func:`rewrite_one_cell`, which stores the size's worth of 1 KiB cells (``c0`` ... ``cN-1``,
+   incompressible bytes) in ``ctx.memory``.
+2. **Measured**, REPETITIONS[size] times on the same running worker: ``EVENTS_PER_KEY``
+   events per key, produced at once; each activation rewrites one cell (its index in the
+   event) with 1 KiB of new bytes and completes. Activations/s is the rate of the outputs'
+   timestamps (bench/reader.py); changelog bytes per activation is the growth of the state
+   changelog on the broker (DescribeLogDirs, as bench/recovery.py reads it) over the
+   repetition, divided by its activations, and the same for records.
+
+One Result per size, ``state_growth_<K>kib`` (rate = the median repetition's activations/s),
+with ``changelog_bytes_per_activation``, ``changed_bytes_per_activation`` (1 KiB) and their
+ratio ``write_amplification``. The report sets each size's rate beside the 1 KiB one. Today
+every activation writes its key's whole state as one changelog record, so the changelog
+grows by the whole memory per activation: the figure the design has to bring down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import statistics
+import time
+from typing import Any
+
+from bench.deployment import Deployment, Testbed, start
+from bench.harness import REPETITIONS, BenchFailure, Recorder, Result, Size, progress
+from bench.names import STATE_GROWTH, STATE_GROWTH_KIB
+from bench.producers import produce_all
+from bench.reader import Reader, rate_of
+from bench.recovery import changelog_bytes, end_offsets
+from keylane import ActivationContext, AgentConfig, Complete
+from keylane.catalog import EVENTS, OUTPUT
+from keylane.kafka.topic_admin import quiet_client_logs
+from keylane.testing.processes import ManagedProcess
+from keylane.wire import AgentEnvelope, encode
+
+CELL_BYTES = 1024
+KEYS: dict[Size, int] = {"smoke": 4, "quick": 10, "full": 20}
+EVENTS_PER_KEY: dict[Size, int] = {"smoke": 3, "quick": 10, "full": 25}
+
+
+# -- the agent (runs in the worker processes) -------------------------------------------------
+
+
+def cell_bytes(key: bytes, cell: int, version: int) -> bytes:
+    """CELL_BYTES incompressible bytes, different for each key, cell and version."""
+    seed = hashlib.sha256(b"%s/%d/%d" % (key, cell, version)).digest()
+    return b"".join(hashlib.sha256(seed + bytes([i])).digest() for i in range(CELL_BYTES // 32))
+
+
+async def rewrite_one_cell(ctx: ActivationContext) -> Complete:
+    """``fill:<cells>``: store that many cells. ``set:<cell>:<version>``: rewrite one cell."""
+    command, *args = ctx.event.decode().split(":")
+    if command == "fill":
+        for cell in range(int(args[0])):
+            ctx.memory.set(f"c{cell}", cell_bytes(ctx.entity_key, cell, 0))
+        return Complete(output=b"filled")
+    cell, version = int(args[0]), int(args[1])
+    ctx.memory.set(f"c{cell}", cell_bytes(ctx.entity_key, cell, version))
+    return Complete(output=b"set:%d" % version)
+
+
+config = AgentConfig()
+
+
+# -- the benchmark (runs in the bench process) ------------------------------------------------
+
+
+class StateGrowthBench(Testbed):
+    def __init__(self, recorder: Recorder, size: Size, bootstrap: str) -> None:
+        super().__init__(bootstrap)
+        self.recorder = recorder
+        self.keys = [f"grow-{i}".encode() for i in range(KEYS[size])]
+        self.events_per_key = EVENTS_PER_KEY[size]
+        self.repetitions = REPETITIONS[size]
+
+    async def memory_size(self, kib: int) -> None:
+        name = STATE_GROWTH[kib]
+        deployment = await self.deploy(f"grow-{kib}")
+        changelog = f"{deployment.settings.app_id}-keylane-state-changelog"
+        events = deployment.topic(EVENTS)
+        reader = Reader(self.bootstrap, deployment.topic(OUTPUT), deployment.partitions(OUTPUT))
+        worker = self.worker(
+            deployment, agent="bench.state_growth:rewrite_one_cell", config="bench.state_growth:config"
+        )
+        await reader.start()
+        try:
+            progress(f"{name}: filling {len(self.keys)} keys with {kib} KiB of memory each")
+            fill = encode(AgentEnvelope(payload=f"fill:{kib}"))
+            await produce_all(self.bootstrap, events, [(key, fill) for key in self.keys])
+            await start(worker)
+            await reader.take(
+                len(self.keys), timeout_s=120, watch=[worker], match=lambda r: r.value == b"filled"
+            )
+            # The fill's state writes are all in the changelog before the first batch is measured.
+            await self.changelog_records(changelog, deployment.partitions(EVENTS), len(self.keys))
+            runs = [
+                await self.repetition(deployment, reader, worker, changelog, kib, rep)
+                for rep in range(self.repetitions)
+            ]
+        finally:
+            await reader.stop()
+            await self.stop_all()
+        rates = [run["rate"] for run in runs]
+        per_activation = statistics.median(run["bytes_per_activation"] for run in runs)
+        extra: dict[str, Any] = {
+            "memory_kib": kib,
+            "keys": len(self.keys),
+            "activations_per_repetition": len(self.keys) * self.events_per_key,
+            "changed_bytes_per_activation": CELL_BYTES,
+            "changelog_bytes_per_activation": per_activation,
+            "changelog_records_per_activation": statistics.median(
+                run["records_per_activation"] for run in runs
+            ),
+            "write_amplification": per_activation / CELL_BYTES,
+            "changelog_bytes_source": "DescribeLogDirs partition_size growth, summed over partitions",
+        }
+        one_kib = self.recorder.results.get(STATE_GROWTH[STATE_GROWTH_KIB[0]])
+        if one_kib is not None and one_kib.rate:
+            extra["rate_ratio_to_1kib"] = statistics.median(rates) / one_kib.rate
+        self.recorder.add(
+            Result(
+                name=name, unit="activations/s", rate=statistics.median(rates), repetitions=rates, extra=extra
+            )
+        )
+
+    async def repetition(
+        self,
+        deployment: Deployment,
+        reader: Reader,
+        worker: ManagedProcess,
+        changelog: str,
+        kib: int,
+        rep: int,
+    ) -> dict[str, float]:
+        """One measured batch: every key rewrites a cell EVENTS_PER_KEY times."""
+        partitions = deployment.partitions(EVENTS)
+        bytes_before = await changelog_bytes(self.bootstrap, changelog)
+        records_before = sum((await end_offsets(self.bootstrap, changelog, partitions)).values())
+        version = rep + 1
+        records = [
+            (key, encode(AgentEnvelope(payload=f"set:{(i * 7) % kib}:{version}")))
+            for i in range(self.events_per_key)
+            for key in self.keys
+        ]
+        await produce_all(self.bootstrap, deployment.topic(EVENTS), records)
+        tag = b"set:%d" % version
+        timeout_s = 120 + len(records) / 5
+        outputs = await reader.take(
+            len(records), timeout_s=timeout_s, watch=[worker], match=lambda r: r.value == tag
+        )
+        # An output can be visible a moment before the state write of its activation is
+        # confirmed (both are confirmed when the job ends): wait for one record per activation.
+        records_after = await self.changelog_records(changelog, partitions, records_before + len(records))
+        bytes_after = await changelog_bytes(self.bootstrap, changelog)
+        if bytes_before is None or bytes_after is None:
+            raise BenchFailure(f"{STATE_GROWTH[kib]}: the broker did not say how large the changelog is")
+        rate = rate_of(outputs)
+        per_activation = (bytes_after - bytes_before) / len(records)
+        progress(
+            f"{STATE_GROWTH[kib]} ({rep + 1}/{self.repetitions}): {rate:.0f} activations/s, "
+            f"{per_activation / 1024:.1f} KiB of changelog per activation"
+        )
+        return {
+            "rate": rate,
+            "bytes_per_activation": per_activation,
+            "records_per_activation": (records_after - records_before) / len(records),
+        }
+
+    async def changelog_records(self, changelog: str, partitions: int, at_least: int) -> int:
+        """The changelog's record count once it reached ``at_least`` (BenchFailure after 30 s)."""
+        deadline = time.monotonic() + 30
+        while True:
+            count = sum((await end_offsets(self.bootstrap, changelog, partitions)).values())
+            if count >= at_least:
+                return count
+            if time.monotonic() > deadline:
+                raise BenchFailure(f"{changelog} holds {count} records, expected at least {at_least}")
+            await asyncio.sleep(0.2)
+
+
+async def run_state_growth_benchmarks(recorder: Recorder, *, size: Size, bootstrap: str) -> None:
+    """Every memory size of STATE_GROWTH_KIB, smallest first (the others compare to it)."""
+    bench = StateGrowthBench(recorder, size, bootstrap)
+    with quiet_client_logs():
+        try:
+            for kib in STATE_GROWTH_KIB:
+                await bench.memory_size(kib)
+        finally:
+            await bench.stop_all()
+            await bench.delete_topics()
