@@ -1,7 +1,7 @@
 """`make bench`: run every benchmark, write bench/out/results.json, bench-report.md and plots.
 
-    python -m bench.run --size full     # make bench (about 20 minutes on 2 cores)
-    python -m bench.run --size quick    # make bench-quick (about 4 minutes)
+    python -m bench.run --size full     # make bench (about 30 minutes on 2 cores)
+    python -m bench.run --size quick    # make bench-quick (about 8 minutes)
 
 The full run's recovery benchmarks (bench/recovery.py) take about 10 of its minutes, 8 of them
 for 100,000 keys; BENCH_RECOVERY_KEYS=10000 leaves that size out.
