@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -189,44 +190,54 @@ def throughput_math(results: dict[str, Result]) -> list[str]:
     return lines
 
 
-def fanout_table(results: dict[str, Result]) -> list[str]:
-    base = _rate(results, names.HOT_KEY_FANOUT[1])
-    lines = [
-        "| N | rate (/s) | ratio to N=1 | ideal | outputs per physical key | partition of each shard |",
-        "| ---: | ---: | ---: | ---: | --- | --- |",
-    ]
-    for n in names.FANOUT_SHARDS:
-        result = results.get(names.HOT_KEY_FANOUT[n])
-        if result is None:
-            lines.append(f"| {n} | missing | | {n} | | |")
-            continue
-        spread = result.extra.get("spread", {})
-        partitions = result.extra.get("partitions", {})
+def _table(
+    header: str, rows: Iterable[tuple[str, Result | None]], render: Callable[[str, Result], str]
+) -> list[str]:
+    """A right-aligned markdown table under ``header``: one row per (label, result), rendered
+    by ``render`` when the run measured it and marked missing when it did not."""
+    columns = header.count("|") - 1
+    lines = [header, "|" + " ---: |" * columns]
+    for label, result in rows:
         lines.append(
-            f"| {n} | {_fmt(result.rate, 1)} | {_fmt(_ratio(result.rate, base), 2)} | {n} | "
-            f"{', '.join(f'{k}: {v}' for k, v in sorted(spread.items()))} | "
-            f"{', '.join(f'{k}: p{v}' for k, v in sorted(partitions.items()))} |"
+            render(label, result) if result is not None else f"| {label} | missing |" + " |" * (columns - 2)
         )
     return lines
 
 
+def fanout_table(results: dict[str, Result]) -> list[str]:
+    base = _rate(results, names.HOT_KEY_FANOUT[1])
+
+    def render(n: str, result: Result) -> str:
+        spread = result.extra.get("spread", {})
+        partitions = result.extra.get("partitions", {})
+        return (
+            f"| {n} | {_fmt(result.rate, 1)} | {_fmt(_ratio(result.rate, base), 2)} | {n} | "
+            f"{', '.join(f'{k}: {v}' for k, v in sorted(spread.items()))} | "
+            f"{', '.join(f'{k}: p{v}' for k, v in sorted(partitions.items()))} |"
+        )
+
+    return _table(
+        "| N | rate (/s) | ratio to N=1 | ideal | outputs per physical key | partition of each shard |",
+        ((str(n), results.get(names.HOT_KEY_FANOUT[n])) for n in names.FANOUT_SHARDS),
+        render,
+    )
+
+
 def lanes_table(results: dict[str, Result]) -> list[str]:
-    lines = [
-        "| lanes | keys on partition 0 | max_in_flight | rate (/s) | ideal (/s) | ratio to ideal "
-        "| worst repetition |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for mode, name in names.LANES.items():
-        result = results.get(name)
-        if result is None:
-            lines.append(f"| {mode} | missing | | | | | |")
-            continue
+    def render(mode: str, result: Result) -> str:
         extra = result.extra
-        lines.append(
+        return (
             f"| {mode} | {extra.get('keys')} | {extra.get('max_in_flight') if mode == 'key' else '1 lane'} "
             f"| {_fmt(result.rate, 1)} | {_fmt(extra.get('ideal_rate'), 1)} "
             f"| {_fmt(extra.get('ratio_to_ideal'), 2)} | {_fmt(extra.get('min_ratio_to_ideal'), 2)} |"
         )
+
+    lines = _table(
+        "| lanes | keys on partition 0 | max_in_flight | rate (/s) | ideal (/s) | ratio to ideal "
+        "| worst repetition |",
+        ((mode, results.get(name)) for mode, name in names.LANES.items()),
+        render,
+    )
     carried = _rate(results, names.E2E_NOOP)
     if carried is not None:
         lines += [
@@ -239,26 +250,23 @@ def lanes_table(results: dict[str, Result]) -> list[str]:
 
 def state_growth_table(results: dict[str, Result]) -> list[str]:
     base = _rate(results, names.STATE_GROWTH[names.STATE_GROWTH_KIB[0]])
-    lines = [
-        "| memory per key | activations/s | ratio to 1 KiB | changelog per activation "
-        "| changed per activation "
-        "| write amplification | spread |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for kib in names.STATE_GROWTH_KIB:
-        result = results.get(names.STATE_GROWTH[kib])
-        if result is None:
-            lines.append(f"| {kib} KiB | missing | | | | | |")
-            continue
+
+    def render(label: str, result: Result) -> str:
         x = result.extra
         written, changed = x.get("changelog_bytes_per_activation"), x.get("changed_bytes_per_activation")
-        lines.append(
-            f"| {kib} KiB | {_fmt(result.rate, 1)} | {_fmt(_ratio(result.rate, base), 2)} "
+        return (
+            f"| {label} | {_fmt(result.rate, 1)} | {_fmt(_ratio(result.rate, base), 2)} "
             f"| {_fmt(written / 1024 if written is not None else None, 1)} KiB "
             f"| {_fmt(changed / 1024 if changed is not None else None, 1)} KiB "
             f"| {_fmt(x.get('write_amplification'), 1)}x | {spread_cell(result)} |"
         )
-    return lines
+
+    return _table(
+        "| memory per key | activations/s | ratio to 1 KiB | changelog per activation "
+        "| changed per activation | write amplification | spread |",
+        ((f"{kib} KiB", results.get(names.STATE_GROWTH[kib])) for kib in names.STATE_GROWTH_KIB),
+        render,
+    )
 
 
 def _mib(value: Any) -> str:
