@@ -125,6 +125,14 @@ PLANS: dict[str, Plan] = {
 }
 
 
+def noop_events(keys: int, count: int, tag: str) -> list[tuple[bytes, bytes]]:
+    """e2e_noop's input: ``count`` events over ``keys`` keys ``key-<k>`` in turn, payloads
+    ``<tag><i>`` (the tag tells a phase's outputs from another's)."""
+    return [
+        (f"key-{i % keys:04d}".encode(), encode(AgentEnvelope(payload=f"{tag}{i}"))) for i in range(count)
+    ]
+
+
 @dataclass
 class E2eRun:
     """One repetition of e2e_noop and its peers."""
@@ -222,11 +230,8 @@ class BrokerBench(Testbed):
         sinks = {kind: f"{self.run_id}-e2e{rep}.peer.{kind}.output" for kind in ("aiokafka", "faust")}
         deployment = await self.deploy(f"e2e{rep}", extra_topics=list(sinks.values()))
         source = deployment.topic(EVENTS)
-        keys = [f"key-{k:04d}".encode() for k in range(plan.noop_keys)]
-        records = [
-            (keys[i % len(keys)], encode(AgentEnvelope(payload=f"p{i}"))) for i in range(plan.noop_records)
-        ]
-        progress(f"{label}: pre-filling {len(records)} records over {len(keys)} keys")
+        records = noop_events(plan.noop_keys, plan.noop_records, "p")
+        progress(f"{label}: pre-filling {len(records)} records over {plan.noop_keys} keys")
         await produce_all(self.bootstrap, source, records)
         timeout_s = 60 + plan.noop_records / 100
         run = E2eRun()
@@ -268,9 +273,7 @@ class BrokerBench(Testbed):
             # Let the worker finish what follows a burst (producer drain, commit) first: the
             # latency phase measures a worker at moderate load, not the tail of the burst.
             await asyncio.sleep(SETTLE_S)
-            live = [
-                (keys[i % len(keys)], encode(AgentEnvelope(payload=f"l{i}"))) for i in range(live_records)
-            ]
+            live = noop_events(plan.noop_keys, live_records, "l")
             sent_ms, latency_outputs = await asyncio.gather(
                 produce_paced(self.bootstrap, source, live, plan.latency_rate),
                 reader.take(

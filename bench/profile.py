@@ -21,25 +21,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.broker import noop_events
 from bench.deployment import Testbed, start, stop
 from bench.harness import BenchFailure, progress
 from bench.producers import produce_all
 from bench.reader import Reader, rate_of
-from bench.run import REPO, local_kafka
+from bench.run import REPO, bench_broker
 from keylane.catalog import EVENTS, OUTPUT
-from keylane.wire import AgentEnvelope, encode
 
 NAME = "e2e_noop"
 KEYS = 1000
@@ -190,13 +188,8 @@ def finish(sampler: subprocess.Popen[bytes]) -> None:
 async def profile(bootstrap: str, records: int, out: Path) -> str:
     bed = Testbed(bootstrap)
     deployment = await bed.deploy("profile")
-    keys = [f"key-{k:04d}".encode() for k in range(KEYS)]
     progress(f"profile: pre-filling {records} records over {KEYS} keys")
-    await produce_all(
-        bootstrap,
-        deployment.topic(EVENTS),
-        [(keys[i % KEYS], encode(AgentEnvelope(payload=f"p{i}"))) for i in range(records)],
-    )
+    await produce_all(bootstrap, deployment.topic(EVENTS), noop_events(KEYS, records, "p"))
     worker = bed.worker(deployment, agent="bench.agents:noop", config="bench.agents:noop_config")
     reader = Reader(bootstrap, deployment.topic(OUTPUT), deployment.partitions(OUTPUT))
     out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before the run)
@@ -231,20 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=20_000, help="pre-filled records (default 20,000)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out", help="where the profile goes")
     args = parser.parse_args(argv)
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    launcher, state_dir = None, Path(tempfile.mkdtemp(prefix="keylane-profile-kafka-"))
     try:
-        if not bootstrap:
-            launcher = local_kafka()
-            progress("starting a local Kafka for the profile")
-            bootstrap = launcher.start(state_dir, nodes=1, quiet=True).bootstrap
-        print(asyncio.run(profile(bootstrap, args.records, args.out)), end="")
+        with bench_broker("the profile") as bootstrap:
+            print(asyncio.run(profile(bootstrap, args.records, args.out)), end="")
     except BenchFailure as exc:
         print(f"bench-profile: {exc}", file=sys.stderr)
         return 1
-    finally:
-        if launcher is not None:
-            launcher.stop(state_dir, quiet=True)
     return 0
 
 

@@ -18,6 +18,8 @@ import importlib.util
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -37,6 +39,23 @@ def local_kafka() -> ModuleType:
     return module
 
 
+@contextmanager
+def bench_broker(purpose: str) -> Iterator[str]:
+    """The bootstrap address of KAFKA_BOOTSTRAP_SERVERS, else of a local Kafka started for
+    ``purpose`` (said in the progress line) and stopped when the block ends."""
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if bootstrap:
+        yield bootstrap
+        return
+    launcher = local_kafka()
+    state_dir = Path(tempfile.mkdtemp(prefix="keylane-bench-kafka-"))
+    progress(f"starting a local Kafka for {purpose}")
+    try:
+        yield launcher.start(state_dir, nodes=1, quiet=True).bootstrap
+    finally:
+        launcher.stop(state_dir, quiet=True)
+
+
 async def run(size: Size, out_dir: Path, report: Path) -> None:
     from bench.broker import run_broker_benchmarks
     from bench.lanes import run_lanes_benchmarks
@@ -45,21 +64,11 @@ async def run(size: Size, out_dir: Path, report: Path) -> None:
 
     recorder = Recorder(out_dir, size=size)
     await run_runtime_benchmarks(recorder, size=size)
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    launcher = None
-    state_dir = Path(tempfile.mkdtemp(prefix="keylane-bench-kafka-"))
-    if not bootstrap:
-        launcher = local_kafka()
-        progress("starting a local Kafka for the broker benchmarks")
-        bootstrap = launcher.start(state_dir, nodes=1, quiet=True).bootstrap
-    try:
+    with bench_broker("the broker benchmarks") as bootstrap:
         await run_broker_benchmarks(recorder, size=size, bootstrap=bootstrap)
         await run_lanes_benchmarks(recorder, size=size, bootstrap=bootstrap)
         await run_state_growth_benchmarks(recorder, size=size, bootstrap=bootstrap)
         await run_recovery_benchmarks(recorder, size=size, bootstrap=bootstrap)
-    finally:
-        if launcher is not None:
-            launcher.stop(state_dir, quiet=True)
     elapsed = recorder.save()
     write_report(recorder.results, size=size, elapsed_s=elapsed, out_dir=out_dir, path=report)
     progress(f"wrote {report} and {out_dir / 'results.json'}")

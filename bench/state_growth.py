@@ -143,7 +143,7 @@ class StateGrowthBench(Testbed):
         """One measured batch: every key rewrites a cell EVENTS_PER_KEY times."""
         partitions = deployment.partitions(EVENTS)
         bytes_before = await changelog_bytes(self.bootstrap, changelog)
-        records_before = sum((await end_offsets(self.bootstrap, changelog, partitions)).values())
+        records_before = await self.changelog_count(changelog, partitions)
         version = rep + 1
         records = [
             (key, encode(AgentEnvelope(payload=f"set:{(i * 7) % kib}:{version}")))
@@ -174,11 +174,15 @@ class StateGrowthBench(Testbed):
             "records_per_activation": (records_after - records_before) / len(records),
         }
 
+    async def changelog_count(self, changelog: str, partitions: int) -> int:
+        """The changelog's record count: its end offsets, summed."""
+        return sum((await end_offsets(self.bootstrap, changelog, partitions)).values())
+
     async def changelog_records(self, changelog: str, partitions: int, at_least: int) -> int:
         """The changelog's record count once it reached ``at_least`` (BenchFailure after 30 s)."""
         deadline = time.monotonic() + 30
         while True:
-            count = sum((await end_offsets(self.bootstrap, changelog, partitions)).values())
+            count = await self.changelog_count(changelog, partitions)
             if count >= at_least:
                 return count
             if time.monotonic() > deadline:
