@@ -1,13 +1,16 @@
-"""`make bench-gate`: judge one run's results.json against the seed's budget and the fan-out ratio.
+"""`make bench-gate`: judge one run's results.json against the seed's budget and every target.
 
 It fails (exit 1) when:
 
+* any expected benchmark is missing from the run;
 * overhead_50ms has fewer than 1,000 samples, or its p50 >= 15 ms, or its p99 >= 60 ms
   (seed 000's budget for runtime overhead per activation);
-* hot_key_fanout N=4 is below 3.2x N=1 — a ratio of two rates measured in the same run;
-* any expected benchmark is missing from the run.
-
-It never compares a time against a number stored from another machine.
+* hot_key_fanout N=4 is below 3.2x N=1 (seed 000's fan-out check);
+* any target of bench/targets.py is missed or was not measured: ratios measured in the same
+  run (keylane against its peers, key lanes against their ideal, fan-out against N, one state
+  size against another), e2e latency, and keylane's own cost per activation against
+  bench/baseline.json (the one comparison with figures stored from an earlier run, on the
+  machine it names).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from bench import names
 from bench.harness import Result, load_results
+from bench.targets import TARGETS
 
 OVERHEAD_P50_BUDGET_MS = 15.0
 OVERHEAD_P99_BUDGET_MS = 60.0
@@ -74,6 +78,10 @@ def evaluate(results: dict[str, Result]) -> list[Check]:
                 f"{ratio:.2f}x",
             )
         )
+    for target in TARGETS:
+        measured, status = target.verdict(results)
+        shown = "not measured" if measured is None else f"{measured:,.3f} ({status})"
+        checks.append(Check(f"{target.label} {target.goal}", status == "met", shown))
     return checks
 
 

@@ -1,0 +1,193 @@
+"""The performance goals a run is judged by, each a figure measured in that run against a bound.
+
+One list serves the report's Targets table and `make bench-gate`. Every figure but two is a
+ratio of things measured side by side in one run (keylane against its peers, key lanes
+against their ideal, fan-out against N=1, one state size against another), or a latency on
+the run's own clock. The two exceptions halve keylane's own cost per activation, so they
+compare with what it cost before that work: ``bench/baseline.json``, measured on the
+development machine at the commit it names. On another machine read them as a direction,
+not a verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import names
+from bench.harness import Result
+
+BASELINE_PATH = Path(__file__).with_name("baseline.json")
+
+E2E_TO_FAUST_MIN = 1.0
+E2E_LATENCY_P50_MAX_MS = 5.0
+E2E_LATENCY_P99_MAX_MS = 20.0
+LANES_TO_IDEAL_MIN = 0.9
+FANOUT_SHARDS_JUDGED = 8
+FANOUT_EFFICIENCY_MIN = 0.85
+OWN_COST_MAX_MS = 0.5
+SUSPENSION_TO_BASELINE_MAX = 0.6
+CHANGELOG_TO_CHANGED_MAX = 4.0
+LARGE_STATE_RATE_MIN = 0.8
+
+
+def baseline() -> dict[str, Any]:
+    """The stored figures of ``bench/baseline.json``."""
+    loaded: dict[str, Any] = json.loads(BASELINE_PATH.read_text())
+    return loaded
+
+
+@dataclass(frozen=True)
+class Target:
+    label: str
+    goal: str
+    bound: float
+    higher_is_better: bool
+    measure: Callable[[dict[str, Result]], float | None]
+
+    def measured(self, results: dict[str, Result]) -> float | None:
+        return self.measure(results)
+
+    def met(self, measured: float) -> bool:
+        return measured >= self.bound if self.higher_is_better else measured <= self.bound
+
+    def verdict(self, results: dict[str, Result]) -> tuple[float | None, str]:
+        """The figure this run measured, and 'met', how far it missed, or 'not measured'."""
+        measured = self.measured(results)
+        if measured is None:
+            return None, "not measured"
+        if self.met(measured):
+            return measured, "met"
+        missed_by = abs(measured - self.bound)
+        return measured, f"missed by {missed_by:,.2f} ({measured / self.bound:.2f}x the goal)"
+
+
+def sample_figure(results: dict[str, Result], name: str, which: str = "p50") -> float | None:
+    """``which`` ("p50" or "p99") of a result's samples; None when the run has none."""
+    result = results.get(name)
+    if result is None or not result.samples:
+        return None
+    value: float = result.summary()[which]
+    return value
+
+
+def rate_of(results: dict[str, Result], name: str) -> float | None:
+    """A result's rate; None when the run has no such result."""
+    result = results.get(name)
+    return None if result is None else result.rate
+
+
+def _extra(results: dict[str, Result], name: str, field: str) -> float | None:
+    result = results.get(name)
+    value = None if result is None else result.extra.get(field)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def ratio_of(a: float | None, b: float | None) -> float | None:
+    """a / b, None when either is unknown (or b is zero)."""
+    return None if a is None or not b else a / b
+
+
+def e2e_to_peer(results: dict[str, Result], peer: str) -> float | None:
+    """e2e_noop's rate over a peer's: the median of the repetitions' side-by-side ratios where
+    the run recorded them, else the ratio of the two rates."""
+    ratio = _extra(results, names.E2E_NOOP, f"ratio_to_{peer}")
+    if ratio is not None:
+        return ratio
+    peer_name = names.PEER_AIOKAFKA if peer == "aiokafka" else names.PEER_FAUST
+    return ratio_of(rate_of(results, names.E2E_NOOP), rate_of(results, peer_name))
+
+
+def own_cost_ms(results: dict[str, Result]) -> float | None:
+    """keylane's own cost per activation: overhead_50ms p50 less the event loop's timer
+    overshoot (timer_baseline_50ms p50), measured beside it."""
+    overhead, timer = sample_figure(results, names.OVERHEAD[50]), sample_figure(results, names.TIMER_BASELINE)
+    return None if overhead is None or timer is None else overhead - timer
+
+
+def fanout_efficiency(results: dict[str, Result], shards: int) -> float | None:
+    """hot_key_fanout N over N=1, as a fraction of N."""
+    fanned, single = rate_of(results, names.HOT_KEY_FANOUT[shards]), rate_of(results, names.HOT_KEY_FANOUT[1])
+    ratio = ratio_of(fanned, single)
+    return None if ratio is None else ratio / shards
+
+
+largest = names.STATE_GROWTH[names.STATE_GROWTH_KIB[-1]]
+smallest = names.STATE_GROWTH[names.STATE_GROWTH_KIB[0]]
+
+
+def suspension_to_baseline(results: dict[str, Result]) -> float | None:
+    """suspension_roundtrip p50 over bench/baseline.json's."""
+    return ratio_of(
+        sample_figure(results, names.SUSPENSION_ROUNDTRIP), baseline()["suspension_roundtrip_p50_ms"]
+    )
+
+
+TARGETS: list[Target] = [
+    Target(
+        "e2e_noop / plain Faust + table, same run",
+        f">= {E2E_TO_FAUST_MIN:.2f}",
+        E2E_TO_FAUST_MIN,
+        True,
+        lambda r: e2e_to_peer(r, "faust"),
+    ),
+    Target(
+        "e2e latency at the live rate, p50 (ms, output CreateTime - input CreateTime)",
+        f"<= {E2E_LATENCY_P50_MAX_MS:.0f} ms",
+        E2E_LATENCY_P50_MAX_MS,
+        False,
+        lambda r: sample_figure(r, names.E2E_NOOP),
+    ),
+    Target(
+        "e2e latency at the live rate, p99 (ms)",
+        f"<= {E2E_LATENCY_P99_MAX_MS:.0f} ms",
+        E2E_LATENCY_P99_MAX_MS,
+        False,
+        lambda r: sample_figure(r, names.E2E_NOOP, "p99"),
+    ),
+    Target(
+        "key lanes, 1 partition, 1,000 keys: worst repetition / ideal",
+        f">= {LANES_TO_IDEAL_MIN:.2f}",
+        LANES_TO_IDEAL_MIN,
+        True,
+        lambda r: _extra(r, names.LANES["key"], "min_ratio_to_ideal"),
+    ),
+    Target(
+        f"hot_key_fanout N={FANOUT_SHARDS_JUDGED} / N=1, as a fraction of N",
+        f">= {FANOUT_EFFICIENCY_MIN:.2f} ({FANOUT_EFFICIENCY_MIN * FANOUT_SHARDS_JUDGED:.1f}x)",
+        FANOUT_EFFICIENCY_MIN,
+        True,
+        lambda r: fanout_efficiency(r, FANOUT_SHARDS_JUDGED),
+    ),
+    Target(
+        "keylane's own cost per activation: overhead_50ms p50 - timer_baseline_50ms p50 (ms)",
+        f"<= {OWN_COST_MAX_MS} ms (baseline {baseline()['overhead_50ms_over_timer_p50_ms']} ms)",
+        OWN_COST_MAX_MS,
+        False,
+        own_cost_ms,
+    ),
+    Target(
+        "suspension_roundtrip p50 / bench/baseline.json's",
+        f"<= {SUSPENSION_TO_BASELINE_MAX} (baseline {baseline()['suspension_roundtrip_p50_ms']} ms)",
+        SUSPENSION_TO_BASELINE_MAX,
+        False,
+        suspension_to_baseline,
+    ),
+    Target(
+        f"{largest}: changelog bytes / changed bytes per activation",
+        f"<= {CHANGELOG_TO_CHANGED_MAX:.0f}x",
+        CHANGELOG_TO_CHANGED_MAX,
+        False,
+        lambda r: _extra(r, largest, "write_amplification"),
+    ),
+    Target(
+        f"{largest} / {smallest} (activations/s)",
+        f">= {LARGE_STATE_RATE_MIN:.2f}",
+        LARGE_STATE_RATE_MIN,
+        True,
+        lambda r: ratio_of(rate_of(r, largest), rate_of(r, smallest)),
+    ),
+]
