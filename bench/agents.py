@@ -7,7 +7,8 @@
 
 Configs: ``noop_config`` (no provider), ``config`` (the FakeLLM provider, unsharded),
 ``sharded`` (the same provider behind ShardKeys(N), N read from BENCH_SHARDS when the
-worker imports this module), and ``lanes_key`` / ``lanes_partition`` (the two lane modes).
+worker imports this module), and ``lanes_key`` / ``lanes_partition`` (the two lane modes;
+key lanes' ``max_in_flight`` read from BENCH_MAX_IN_FLIGHT, bench/lanes.py's choice).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from keylane import ActivationContext, AgentConfig, Complete, FakeLLM, LlmReques
 
 LLM_LATENCY_MS = 50.0
 SHARDS_ENV = "BENCH_SHARDS"
+IN_FLIGHT_ENV = "BENCH_MAX_IN_FLIGHT"
+MAX_IN_FLIGHT = 64  # AgentConfig's default
 VERDICT = b"scored"
 
 
@@ -37,5 +40,9 @@ async def model_call(ctx: ActivationContext) -> Complete:
 noop_config = AgentConfig()
 config = AgentConfig(provider_factory=make_provider)
 sharded = AgentConfig(provider_factory=make_provider, shards=int(os.environ.get(SHARDS_ENV, "1")))
-lanes_key = AgentConfig(provider_factory=make_provider, lanes="key")
+lanes_key = AgentConfig(
+    provider_factory=make_provider,
+    lanes="key",
+    max_in_flight=int(os.environ.get(IN_FLIGHT_ENV, str(MAX_IN_FLIGHT))),
+)
 lanes_partition = AgentConfig(provider_factory=make_provider, lanes="partition")

@@ -34,17 +34,17 @@ Results (names from bench/names.py):
   extra: ``mean_activation_ms`` (keylane_activation_duration_seconds sum / count from /metrics, in ms),
   ``bound_rate`` = 1000 / mean_activation_ms, ``ratio`` = rate / bound_rate;
 * ``hot_key_fanout_n{N}``: the same hot key behind ShardKeys(N); extra: ``shards``,
-  ``ratio_to_n1``, ``spread`` (outputs per physical key), ``partitions`` (the partition,
-  i.e. the lane, of each physical key), ``lanes`` (distinct partitions with traffic),
-  ``events_per_lane``, ``lane_bound_rate`` ((events - 1) / ((busiest lane's events - 1) x
-  mean_activation_ms / 1000): the rate this spread allows with perfect lanes),
-  ``ideal_ratio`` (lane_bound_rate over one lane's 1000 / mean_activation_ms: the ratio to
-  N=1 this spread allows) and ``efficiency`` (rate / lane_bound_rate).
+  ``ratio_to_n1``, ``spread`` (outputs per physical key), ``partitions`` (the partition of
+  each physical key), ``lanes`` (physical keys with traffic: the worker runs key lanes, so
+  each is its own serial lane whatever partition it shares), ``lane_bound_rate`` ((events -
+  1) / ((busiest key's events - 1) x mean_activation_ms / 1000): the rate this spread allows
+  with perfect lanes), ``ideal_ratio`` (lane_bound_rate over one lane's 1000 /
+  mean_activation_ms: the ratio to N=1 this spread allows) and ``efficiency`` (rate /
+  lane_bound_rate).
 
-The hot key's events carry distinct payloads, so ShardKeys spreads them by hash the way it
-spreads real traffic: a finite sample is uneven, and shards whose physical keys hash to the
-same partition share that partition's serial lane. Both limits are in the rate; the extras
-say how much of the gap to N x each one explains.
+The hot key's events carry distinct payloads, chosen (``even_payloads``) so that ShardKeys'
+hash spreads them evenly over the N physical keys: the spread-bound ideal is then N itself,
+and the ratio to N=1 measures the lanes, not the luck of a finite sample's hashes.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ from keylane.catalog import ERRORS, EVENTS, EVENTS_SHARDED, OUTPUT
 from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.topic_admin import quiet_client_logs
 from keylane.kafka.topic_reader import read_to_end
+from keylane.keys import shard_key
 from keylane.testing.processes import ProcessFailed, free_port
 from keylane.wire import AgentEnvelope, encode
 
@@ -154,6 +155,25 @@ class PrefilledRun:
     rate: float
     mean_activation_ms: float
     partitions: int  # of the co-partitioned topics: the lanes a key can hash to
+
+
+def even_payloads(key: bytes, shards: int, events: int) -> list[str]:
+    """``events`` distinct payloads ``f<i>`` for ``key`` that ShardKeys(``shards``) spreads as
+    evenly as ``events`` allows over the key's physical keys, ordered round-robin over them
+    (the hash picks the shard from the record's value: see keylane.keys.shard_key)."""
+    per_shard = -(-events // shards)
+    by_shard: dict[bytes, list[str]] = {}
+    chosen, i = 0, 0
+    while chosen < events:
+        payload = f"f{i}"
+        i += 1
+        shard = shard_key(key, shards, payload=encode(AgentEnvelope(payload=payload)))
+        taken = by_shard.setdefault(shard, [])
+        if len(taken) < per_shard:
+            taken.append(payload)
+            chosen += 1
+    columns = list(by_shard.values())
+    return [column[row] for row in range(per_shard) for column in columns if row < len(column)]
 
 
 class BrokerBench(Testbed):
@@ -295,14 +315,11 @@ class BrokerBench(Testbed):
         run.duplicates = reader.duplicates
         return run
 
-    async def hot_key(
-        self, name: str, *, events: int, config: str, payload: str, **env: str
-    ) -> list[PrefilledRun]:
-        """The 50 ms agent on ``events`` pre-filled events of HOT_KEY (distinct payloads
-        ``<payload><i>``), once per repetition on a fresh deployment; a pessimistic 10
-        events/s, plus start-up, before giving up."""
-        records = [(HOT_KEY, encode(AgentEnvelope(payload=f"{payload}{i}"))) for i in range(events)]
-        runs, timeout_s = [], 60 + events / 10
+    async def hot_key(self, name: str, *, payloads: list[str], config: str, **env: str) -> list[PrefilledRun]:
+        """The 50 ms agent on one pre-filled event of HOT_KEY per payload, once per repetition
+        on a fresh deployment; a pessimistic 10 events/s, plus start-up, before giving up."""
+        records = [(HOT_KEY, encode(AgentEnvelope(payload=payload))) for payload in payloads]
+        runs, timeout_s = [], 60 + len(records) / 10
         for rep in range(self.repetitions):
             deployment = await self.deploy(f"{name}-r{rep}")
             measured = self.run_prefilled(deployment, records, config=config, timeout_s=timeout_s, **env)
@@ -344,7 +361,8 @@ class BrokerBench(Testbed):
     async def per_key_ceiling(self) -> None:
         events = self.plan.ceiling_events
         progress(f"{PER_KEY_CEILING}: {events} events of one key, FakeLLM {LLM_LATENCY_MS:.0f} ms, unsharded")
-        runs = await self.hot_key("ceiling", events=events, config="bench.agents:config", payload="c")
+        payloads = [f"c{i}" for i in range(events)]
+        runs = await self.hot_key("ceiling", payloads=payloads, config="bench.agents:config")
         rates = [run.rate for run in runs]
         rate = statistics.median(rates)
         mean_ms = statistics.median(run.mean_activation_ms for run in runs)
@@ -373,9 +391,8 @@ class BrokerBench(Testbed):
         progress(f"{name}: {events} events of one key behind ShardKeys({shards})")
         runs = await self.hot_key(
             f"fanout-n{shards}",
-            events=events,
+            payloads=even_payloads(HOT_KEY, shards, events),
             config="bench.agents:sharded",
-            payload="f",  # the same payloads for every N
             **{SHARDS_ENV: str(shards)},
         )
         rates = [run.rate for run in runs]
@@ -385,12 +402,11 @@ class BrokerBench(Testbed):
         run = runs[-1]  # the payloads, and so the spread over physical keys, are every run's
         spread = Counter((r.key or b"").decode() for r in run.outputs)
         partitions = {key: expected_partition(key.encode(), run.partitions) for key in sorted(spread)}
-        per_lane = Counter[int]()
-        for key, count in spread.items():
-            per_lane[partitions[key]] += count
-        # The rate the spread allows with perfect lanes, in the same (count - 1) / span terms
-        # as the rate: the busiest lane runs its (busiest - 1) activations end to end.
-        busiest = max(per_lane.values())
+        # The worker runs key lanes: each physical key is its own serial lane, whatever
+        # partition it shares. The rate the spread allows with perfect lanes, in the same
+        # (count - 1) / span terms as the rate: the busiest key runs its (busiest - 1)
+        # activations end to end.
+        busiest = max(spread.values())
         mean_ms = statistics.median(r.mean_activation_ms for r in runs)
         lane_bound = (len(run.outputs) - 1) * 1000 / ((busiest - 1) * mean_ms) if busiest > 1 else None
         n1_rate = self.fanout_n1_rate
@@ -406,8 +422,7 @@ class BrokerBench(Testbed):
                     "ratio_to_n1": rate / n1_rate if n1_rate else None,
                     "spread": dict(sorted(spread.items())),
                     "partitions": partitions,
-                    "lanes": len(per_lane),
-                    "events_per_lane": {str(p): c for p, c in sorted(per_lane.items())},
+                    "lanes": len(spread),
                     "mean_activation_ms": mean_ms,
                     "lane_bound_rate": lane_bound,
                     "ideal_ratio": lane_bound * mean_ms / 1000 if lane_bound else None,
