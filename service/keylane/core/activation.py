@@ -554,7 +554,10 @@ class KeyRuntime:
             seq=state.seq + 1,
             memory=memory_blob,
             continuation=continuation,
-            llm_cache=cache.entries(),
+            # An entry answers only its own (key, seq): once no activation of this seq can run
+            # again (no continuation), none of the cell's entries can hit, and carrying them
+            # would cost every later commit their bytes for nothing.
+            llm_cache=cache.entries() if continuation is not None else [],
             pending=pending,
             settled_intents=_kept_settled(state.settled_intents, settled),
         )

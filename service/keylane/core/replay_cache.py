@@ -11,6 +11,10 @@ resume of a suspended activation, or a repeated request. Limits, applied on ever
   response that cannot fit even alone is stored digest-only (its sha256, no body), and a
   lookup treats it as a miss.
 
+The runtime keeps the cell only while the key is suspended: an activation that completes
+(or a suspension its HITL timer ends) commits an empty cell, since a cache key includes the
+seq and no activation of a finished seq runs again (service/keylane/core/activation.py).
+
 Each entry's size is computed once, when it is inserted, and the TTL scan runs only when
 the oldest entry can have expired: a put costs the same with 1 or 64 entries in the cell.
 """

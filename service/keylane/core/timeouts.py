@@ -123,4 +123,5 @@ def timed_out(
         if cancelled is not None:
             detail = f"cancelled {cancelled}; {detail}"
         emits = [error_emit(record, "hitl_timeout", detail, now_ms=now_ms, entity_key=key_text)]
-    return struct_replace(state, continuation=None, pending={}), emits
+    # The suspended activation will not run again: its replay-cache entries cannot hit.
+    return struct_replace(state, continuation=None, pending={}, llm_cache=[]), emits

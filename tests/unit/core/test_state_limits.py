@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY
 
 from keylane.authoring.api import AgentConfig, Complete, Suspend
 from keylane.authoring.context import ActivationContext
+from keylane.authoring.hitl import Deny, HitlPolicy
 from keylane.authoring.memory import MemoryOverflow
 from keylane.catalog import EVENTS, RESULTS
 from keylane.core import activation
@@ -33,14 +34,18 @@ def trimmed() -> float:
 
 
 async def outputs_what_it_is_told(ctx: ActivationContext) -> Complete | Suspend:
-    """Event "<n>": output n bytes. "wait": suspend on a tool. "ask": call the model first."""
+    """Event "<n>": output n bytes. "wait": suspend on a tool. "ask": call the model first.
+    "ask and wait": call the model, then suspend on a tool."""
     if ctx.is_resume:
         return Complete(b"resumed")
     if ctx.event == b"wait":
         ctx.act("refund", "{}")
         return Suspend()
-    if ctx.event == b"ask":
+    if ctx.event in (b"ask", b"ask and wait"):
         await ctx.call_model(LlmRequest(model_id="m", messages=["hello"]))
+        if ctx.event == b"ask and wait":
+            ctx.act("refund", "{}")
+            return Suspend()
         return Complete(b"asked")
     return Complete(b"o" * int(ctx.event))
 
@@ -116,21 +121,37 @@ async def test_a_memory_write_that_fits_the_memory_cap_but_not_the_state_blob_ra
     assert len(harness.store[KEY]) <= harness.runtime.state_limit(KEY)
 
 
-async def test_the_replay_cache_is_trimmed_first_so_the_activation_still_commits() -> None:
+async def test_the_replay_cache_is_trimmed_first_so_the_input_still_commits() -> None:
     provider = FakeLLM([(match_any(), respond_with(b"r" * 40_000))])
     config = AgentConfig(max_state_bytes=60_000)
     harness = AgentHarness(outputs_what_it_is_told, config, provider=provider, clock=ManualClock())
-    await harness.send_event(KEY, "ask")
-    assert len(harness.state(KEY).llm_cache) == 1
+    await harness.send_event(KEY, "ask and wait")
+    assert len(harness.state(KEY).llm_cache) == 1, "a suspended activation keeps its model calls"
     before = trimmed()
 
-    await harness.send_event(KEY, "30000")  # 30 KB outbox + 40 KB cache do not fit 60 KB
+    await harness.send_event(KEY, "3" * 30_000)  # 30 KB queued + 40 KB cache do not fit 60 KB
 
     assert harness.errors() == []
-    assert [v for _, v in harness.outputs()] == [b"asked", b"o" * 30_000]
+    assert [b.payload for b in harness.state(KEY).buffered] == [b"3" * 30_000]
     assert harness.state(KEY).llm_cache == []
     assert trimmed() == before + 1
     assert len(harness.store[KEY]) <= 60_000
+
+
+async def test_the_replay_cache_lives_until_its_activation_completes() -> None:
+    provider = FakeLLM([(match_any(), respond_with(b"verdict"))])
+    harness = AgentHarness(outputs_what_it_is_told, AgentConfig(), provider=provider, clock=ManualClock())
+    await harness.send_event(KEY, "ask")
+    assert harness.state(KEY).llm_cache == [], "no activation of a completed seq runs again"
+
+    await harness.send_event(KEY, "ask and wait")
+    assert len(harness.state(KEY).llm_cache) == 1
+    [intent] = harness.intents()
+    await harness.send_result(harness.result_for(intent))
+
+    assert [v for _, v in harness.outputs()] == [b"asked", b"resumed"]
+    assert harness.state(KEY).llm_cache == []
+    assert provider.call_count == 2
 
 
 async def test_a_queued_event_whose_activation_does_not_fit_fails_alone_and_the_next_one_runs() -> None:
@@ -175,3 +196,18 @@ async def test_a_resume_whose_state_does_not_fit_fails_and_the_key_stays_suspend
 def test_max_state_bytes_is_validated_when_the_config_is_built(cap: object) -> None:
     with pytest.raises(ValueError, match="max_state_bytes"):
         AgentConfig(max_state_bytes=cap)  # type: ignore[arg-type]
+
+
+async def test_a_suspension_that_times_out_drops_its_replay_cache() -> None:
+    clock = ManualClock()
+    provider = FakeLLM([(match_any(), respond_with(b"verdict"))])
+    config = AgentConfig(hitl_policy=HitlPolicy(timeout_ms=60_000, on_timeout=Deny(b"timed out")))
+    harness = AgentHarness(outputs_what_it_is_told, config, provider=provider, clock=clock)
+    await harness.send_event(KEY, "ask and wait")
+    assert len(harness.state(KEY).llm_cache) == 1
+
+    clock.advance(60_000)
+    await harness.fire_due_timers()
+
+    assert [v for _, v in harness.outputs()] == [b"timed out"]
+    assert harness.state(KEY).continuation is None and harness.state(KEY).llm_cache == []
