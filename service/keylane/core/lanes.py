@@ -19,6 +19,13 @@ not (a hot key, a slow model) would hold every other partition behind it, so wit
 ``WindowHooks`` installed (the Faust glue pauses fetching that partition) the wait ends
 and the partition is paused instead, until half its window is done.
 
+Key lanes count a record against ``max_in_flight`` while it works, not while it waits for
+Kafka to confirm what it produced: a job that reaches that wait calls ``leave_slot()``, which
+hands its slot to the next key while its own lane (the key's next record, and the ack order)
+still waits for the job to end. Without that, every slot would sit idle for one produce
+round trip per record, and a partition's rate would be max_in_flight / (activation + round
+trip) instead of max_in_flight / activation.
+
 A job that raises is a keylane bug or fatal state (a corrupt blob): the scheduler stops taking
 work so nothing is acked past it, and the worker crashes and restarts.
 """
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections import OrderedDict, deque
@@ -175,6 +183,47 @@ class _Flow:
 
 async def _nothing() -> None:
     return None
+
+
+class _Slot:
+    """A record's hold on its partition's and the worker's in-flight semaphores, given back
+    once: by ``leave_slot`` from inside the job, or when the job ends."""
+
+    def __init__(self, *semaphores: asyncio.Semaphore) -> None:
+        self._semaphores = semaphores
+        self._held = False
+
+    async def acquire(self) -> None:
+        taken: list[asyncio.Semaphore] = []
+        try:
+            for semaphore in self._semaphores:
+                await semaphore.acquire()
+                taken.append(semaphore)
+        except BaseException:
+            for semaphore in taken:
+                semaphore.release()
+            raise
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            for semaphore in self._semaphores:
+                semaphore.release()
+
+
+_current_slot: contextvars.ContextVar[_Slot | None] = contextvars.ContextVar(
+    "keylane_lane_slot", default=None
+)
+
+
+def leave_slot() -> None:
+    """From inside a lane job: its record stops counting against ``max_in_flight`` (another
+    key may start), while its own lane still waits for the job to end. A no-op outside key
+    lanes."""
+    slot = _current_slot.get()
+    if slot is not None:
+        slot.release()
 
 
 Item = tuple[int, Job, _AckWindow, float]
@@ -348,8 +397,14 @@ class KeyLanes(_SchedulerBase):
             slots = self._partition_slots[partition] = asyncio.Semaphore(self.max_in_flight)
         lane = self._lanes[lane_id]
         while lane:
-            async with slots, self._worker_slots:
+            slot = _Slot(slots, self._worker_slots)
+            await slot.acquire()
+            token = _current_slot.set(slot)  # the job's task copies it: see leave_slot
+            try:
                 await self._process(lane[0], label, lane_id)
+            finally:
+                _current_slot.reset(token)
+                slot.release()
             lane.popleft()
         del self._lanes[lane_id]
 

@@ -41,7 +41,14 @@ from keylane.authoring.api import AgentConfig
 from keylane.catalog import APPROVALS, CONTROL, EVENTS, EVENTS_SHARDED, RESULTS, TIMERS, Catalog
 from keylane.core.activation import KeyRuntime
 from keylane.core.apply import apply_decision
-from keylane.core.lanes import WINDOW_PER_IN_FLIGHT, KeyLanes, LaneScheduler, PartitionLanes, Superseded
+from keylane.core.lanes import (
+    WINDOW_PER_IN_FLIGHT,
+    KeyLanes,
+    LaneScheduler,
+    PartitionLanes,
+    Superseded,
+    leave_slot,
+)
 from keylane.core.state import STATE_TABLE, IntentKind, KeyState, decode_state, epoch_of
 from keylane.core.timers import TimerIndex, due_timers
 from keylane.kafka.app import App, log_end, on_rebalance_complete, on_shutdown, recovery_completed
@@ -153,6 +160,7 @@ class AgentProcessor:
         confirmed everything it produced."""
         async with confirming(self.app):
             await self._process(event)
+            leave_slot()  # waiting for Kafka's confirmation holds this key's lane, not a slot
 
     async def _process(self, event: Any) -> None:
         started = time.monotonic()

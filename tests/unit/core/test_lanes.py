@@ -266,3 +266,66 @@ async def test_a_superseded_job_is_released_unfinished_and_the_lane_goes_on(sche
 
     assert settled == [("release", 0), ("ack", 1)]
     lanes.check()  # no failure recorded: the scheduler still takes work
+
+
+async def test_a_job_waiting_for_confirmation_gives_its_slot_to_another_key_but_not_its_own_lane() -> None:
+    """A job that called leave_slot (the worker's wait for Kafka's confirmation) no longer
+    counts against max_in_flight: another key starts. Its own key's next record, and every
+    ack after it, still wait for the job to end."""
+    confirmed = asyncio.Event()
+    events: list[str] = []
+    acked: list[int] = []
+
+    def job(name: str, *, confirm: bool = False) -> Callable[[], Awaitable[None]]:
+        async def work() -> None:
+            events.append(f"{name} started")
+            if confirm:
+                lanes_module.leave_slot()
+                await confirmed.wait()
+            events.append(f"{name} ended")
+
+        return work
+
+    def ack_of(offset: int) -> Callable[[], Awaitable[None]]:
+        async def ack() -> None:
+            acked.append(offset)
+
+        return ack
+
+    lanes = KeyLanes(max_in_flight=1, worker_max_in_flight=1)
+    await lanes.submit(LaneRecord(TOPIC, 0, 0, b"a"), job("a0", confirm=True), ack_of(0))
+    await lanes.submit(LaneRecord(TOPIC, 0, 1, b"a"), job("a1"), ack_of(1))
+    await lanes.submit(LaneRecord(TOPIC, 0, 2, b"b"), job("b2"), ack_of(2))
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+    assert events == ["a0 started", "b2 started", "b2 ended"], "b ran in a0's slot; a1 waits for a0"
+    assert acked == [], "nothing is acked past the unfinished a0"
+
+    confirmed.set()
+    await lanes.stop()
+
+    assert events[3:] == ["a0 ended", "a1 started", "a1 ended"]
+    assert acked == [0, 1, 2]
+
+
+async def test_a_job_that_keeps_its_slot_holds_back_other_keys() -> None:
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def slow() -> None:
+        started.append("a")
+        await release.wait()
+
+    async def other() -> None:
+        started.append("b")
+
+    lanes = KeyLanes(max_in_flight=1, worker_max_in_flight=1)
+    await lanes.submit(LaneRecord(TOPIC, 0, 0, b"a"), slow, lanes_module._nothing)
+    await lanes.submit(LaneRecord(TOPIC, 0, 1, b"b"), other, lanes_module._nothing)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert started == ["a"]
+    release.set()
+    await lanes.stop()
+    assert started == ["a", "b"]
