@@ -26,7 +26,7 @@ agent's code asks for: never from ids, keys or payloads.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import get_args
+from typing import Any, TypeVar, get_args
 
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
@@ -375,6 +375,23 @@ _topic_prefix = ""
 def set_info(*, role: str, app_id: str, topic_prefix: str, version: str) -> None:
     """``keylane_info{role, app_id, topic_prefix, version} 1`` for this process."""
     INFO.labels(role, app_id, topic_prefix, version).set(1)
+
+
+LabelledMetric = TypeVar("LabelledMetric", Counter, Gauge, Histogram)
+_children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def child(metric: LabelledMetric, *values: str) -> LabelledMetric:
+    """``metric.labels(*values)``, looked up once per label set. The per-record paths (lanes,
+    activations, model calls) ask for the same few series on every record, and ``labels``
+    takes a lock and checks its arguments each time. Only for metrics whose series are never
+    removed (consumer lag's are: it calls ``labels`` itself)."""
+    where = (id(metric), values)
+    found = _children.get(where)
+    if found is None:
+        found = _children[where] = metric.labels(*values)
+    labelled: LabelledMetric = found
+    return labelled
 
 
 def use_topic_prefix(prefix: str) -> None:

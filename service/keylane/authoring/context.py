@@ -149,10 +149,10 @@ class ActivationContext:
             self.stats.llm_calls += 1
             metrics.LLM_CALLS.inc()
             metrics.LLM_SECONDS.observe(ended - started)
-            metrics.GEN_AI_DURATION.labels(*gen_ai, error_type).observe(ended - calling)
+            metrics.child(metrics.GEN_AI_DURATION, *gen_ai, error_type).observe(ended - calling)
         if response.prompt_tokens or response.completion_tokens:
-            metrics.GEN_AI_TOKENS.labels(*gen_ai, "input").observe(response.prompt_tokens)
-            metrics.GEN_AI_TOKENS.labels(*gen_ai, "output").observe(response.completion_tokens)
+            metrics.child(metrics.GEN_AI_TOKENS, *gen_ai, "input").observe(response.prompt_tokens)
+            metrics.child(metrics.GEN_AI_TOKENS, *gen_ai, "output").observe(response.completion_tokens)
         self._cache.put(key, response, now_ms=self.now_ms)
         self._charge(response)
         return response

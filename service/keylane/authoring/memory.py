@@ -70,7 +70,7 @@ class Memory:
         *,
         now_ms: int,
         hard_cap_bytes: int = MEMORY_HARD_CAP_BYTES,
-        room_bytes: int | None = None,
+        room_bytes: int | Callable[[], int] | None = None,
         on_soft_cap: Callable[[int], None] | None = None,
     ) -> None:
         self._entries: dict[str, MemoryEntry] = dict(blob.entries)
@@ -78,11 +78,19 @@ class Memory:
         self._total = sum(self._sizes.values())
         self._now_ms = now_ms
         self._hard_cap = hard_cap_bytes
-        self._room = room_bytes
+        self._room_given = room_bytes
         self._soft_cap = hard_cap_bytes * 3 // 4
         self._on_soft_cap = on_soft_cap
         self._warned = False
         self.dirty = False
+
+    @property
+    def _room(self) -> int | None:
+        """The room the runtime gives memory, asked of it the first time a write needs it
+        (most activations write nothing, and working it out encodes the rest of the state)."""
+        if callable(self._room_given):
+            self._room_given = self._room_given()
+        return self._room_given
 
     @property
     def total_bytes(self) -> int:

@@ -424,13 +424,17 @@ class KeyRuntime:
         now = self.clock()
         soft_cap_hit: list[int] = []
         cache = ReplayCache(state.llm_cache)
-        # Memory shares the key's one changelog record with the rest of its state.
-        rest = len(encode_state(struct_replace(state, memory=_NO_MEMORY)))
+
+        def memory_room() -> int:
+            """Memory shares the key's one changelog record with the rest of its state."""
+            rest = len(encode_state(struct_replace(state, memory=_NO_MEMORY)))
+            return max(0, self.state_limit(key) - rest)
+
         memory = Memory(
             state.memory,
             now_ms=now,
             hard_cap_bytes=MEMORY_HARD_CAP_BYTES,
-            room_bytes=max(0, self.state_limit(key) - rest),
+            room_bytes=memory_room,
             on_soft_cap=soft_cap_hit.append,
         )
         ctx = ActivationContext(
@@ -542,7 +546,7 @@ class KeyRuntime:
             emits.append(Emit(record_id=ids.output_id(key, seq), topic=OUTPUT, key=key, value=outcome.output))
 
         memory_blob = ctx.memory.to_blob()
-        metrics.ACTIVATIONS.labels("resume" if resume is not None else "start").inc()
+        metrics.child(metrics.ACTIVATIONS, "resume" if resume is not None else "start").inc()
         metrics.ACTIVATION_SECONDS.observe(wall_s)
         metrics.OVERHEAD_SECONDS.observe(max(0.0, wall_s - ctx.stats.llm_s - ctx.stats.tool_s))
         metrics.MEMORY_BYTES.observe(ctx.memory.total_bytes)

@@ -284,7 +284,7 @@ class _SchedulerBase:
             finally:
                 self._running.discard(task)
         else:
-            metrics.LANE_QUEUE_DEPTH.labels(label).dec()
+            metrics.child(metrics.LANE_QUEUE_DEPTH, label).dec()
         if not finished:
             self._abandoned += 1
             metrics.RECORDS_ABANDONED.inc()
@@ -302,9 +302,9 @@ class _SchedulerBase:
 
     async def execute(self, work: Job, queued_at: float, label: str, *, lane: object) -> None:
         """Run one record's work, keeping the lane metrics; a failure stops the scheduler."""
-        metrics.LANE_QUEUE_DEPTH.labels(label).dec()
+        metrics.child(metrics.LANE_QUEUE_DEPTH, label).dec()
         metrics.LANE_WAIT_SECONDS.observe(time.perf_counter() - queued_at)
-        metrics.IN_FLIGHT.labels(label).inc()
+        metrics.child(metrics.IN_FLIGHT, label).inc()
         try:
             await work()
         except (asyncio.CancelledError, Superseded):
@@ -314,7 +314,7 @@ class _SchedulerBase:
             log.exception("lane %s failed; no further records are processed", lane)
             raise
         finally:
-            metrics.IN_FLIGHT.labels(label).dec()
+            metrics.child(metrics.IN_FLIGHT, label).dec()
 
 
 class PartitionLanes(_SchedulerBase):
@@ -333,7 +333,7 @@ class PartitionLanes(_SchedulerBase):
         if queue is None:
             queue = self._queues[record.partition] = asyncio.Queue()
             self._tasks[record.partition] = asyncio.create_task(self._run(record.partition, queue))
-        metrics.LANE_QUEUE_DEPTH.labels(str(record.partition)).inc()
+        metrics.child(metrics.LANE_QUEUE_DEPTH, str(record.partition)).inc()
         queue.put_nowait((ticket, work, window, time.perf_counter()))
 
     async def _run(self, partition: int, queue: asyncio.Queue[Item | None]) -> None:
@@ -380,7 +380,7 @@ class KeyLanes(_SchedulerBase):
         lane_id = (record.partition, record.key or b"")
         lane = self._lanes.get(lane_id)
         item = (ticket, work, window, time.perf_counter())
-        metrics.LANE_QUEUE_DEPTH.labels(str(record.partition)).inc()
+        metrics.child(metrics.LANE_QUEUE_DEPTH, str(record.partition)).inc()
         if lane is not None:
             lane.append(item)  # the lane's task will get to it, in order
             return
