@@ -20,7 +20,7 @@ help:
 	@echo "make chaos        the long kill -9 chaos runs (CHAOS_SEEDS, CHAOS_EVENTS, CHAOS_KILLS; CHAOS_TESTS; about 40 min a seed)"
 	@echo "make bench        every benchmark, 3 runs of each (about 30 min: the recovery runs fill 100k keys); writes bench-report.md"
 	@echo "make bench-quick  the same harness on less data, 3 runs of each (about 8 min)"
-	@echo "make bench-gate   fail if the last run misses the seed's budget or the fan-out ratio"
+	@echo "make bench-gate   fail if the last run misses the seed's budget or a target of bench/targets.py"
 	@echo "make bench-profile  sample a worker under load with py-spy: bench/out/profile-e2e_noop.{svg,txt}"
 
 $(STAMP): pyproject.toml
