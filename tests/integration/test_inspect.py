@@ -46,7 +46,7 @@ async def test_inspect_shows_a_plain_and_a_sharded_keys_memory_and_bookkeeping(
     assert shown["key"] == "plain" and shown["seq"] == 3
     assert shown["memory"]["events"]["ring"] is True
     assert shown["memory"]["events"]["items"] == plain_events
-    assert shown["replay_cache"]["entries"] == 3, "one model call per event"
+    assert shown["replay_cache"]["entries"] == 0, "each activation completed: its model call cannot hit again"
     assert shown["continuation"] is None and shown["buffered_events"] == []
     events_applied = [offset for stream, offset in shown["applied"].items() if "agent.events/" in stream]
     assert events_applied == [2], "the third event's offset on its partition"
