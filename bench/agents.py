@@ -20,7 +20,6 @@ from keylane import ActivationContext, AgentConfig, Complete, FakeLLM, LlmReques
 LLM_LATENCY_MS = 50.0
 SHARDS_ENV = "BENCH_SHARDS"
 IN_FLIGHT_ENV = "BENCH_MAX_IN_FLIGHT"
-MAX_IN_FLIGHT = 64  # AgentConfig's default
 VERDICT = b"scored"
 
 
@@ -38,6 +37,7 @@ async def model_call(ctx: ActivationContext) -> Complete:
 
 
 noop_config = AgentConfig()
+MAX_IN_FLIGHT = noop_config.max_in_flight  # AgentConfig's default
 config = AgentConfig(provider_factory=make_provider)
 sharded = AgentConfig(provider_factory=make_provider, shards=int(os.environ.get(SHARDS_ENV, "1")))
 lanes_key = AgentConfig(

@@ -11,6 +11,7 @@ not a verdict.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ CHANGELOG_TO_CHANGED_MAX = 4.0
 LARGE_STATE_RATE_MIN = 0.8
 
 
+@functools.cache
 def baseline() -> dict[str, Any]:
     """The stored figures of ``bench/baseline.json``."""
     loaded: dict[str, Any] = json.loads(BASELINE_PATH.read_text())
@@ -48,15 +50,12 @@ class Target:
     higher_is_better: bool
     measure: Callable[[dict[str, Result]], float | None]
 
-    def measured(self, results: dict[str, Result]) -> float | None:
-        return self.measure(results)
-
     def met(self, measured: float) -> bool:
         return measured >= self.bound if self.higher_is_better else measured <= self.bound
 
     def verdict(self, results: dict[str, Result]) -> tuple[float | None, str]:
         """The figure this run measured, and 'met', how far it missed, or 'not measured'."""
-        measured = self.measured(results)
+        measured = self.measure(results)
         if measured is None:
             return None, "not measured"
         if self.met(measured):
