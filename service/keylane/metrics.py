@@ -378,7 +378,7 @@ def set_info(*, role: str, app_id: str, topic_prefix: str, version: str) -> None
 
 
 LabelledMetric = TypeVar("LabelledMetric", Counter, Gauge, Histogram)
-_children: dict[tuple[int, tuple[str, ...]], Any] = {}
+_children: dict[tuple[Any, tuple[str, ...]], Any] = {}
 
 
 def child(metric: LabelledMetric, *values: str) -> LabelledMetric:
@@ -386,7 +386,7 @@ def child(metric: LabelledMetric, *values: str) -> LabelledMetric:
     activations, model calls) ask for the same few series on every record, and ``labels``
     takes a lock and checks its arguments each time. Only for metrics whose series are never
     removed (consumer lag's are: it calls ``labels`` itself)."""
-    where = (id(metric), values)
+    where = (metric, values)
     found = _children.get(where)
     if found is None:
         found = _children[where] = metric.labels(*values)
