@@ -21,7 +21,7 @@ help:
 	@echo "make bench        every benchmark, 3 runs of each (about 30 min: the recovery runs fill 100k keys); writes bench-report.md"
 	@echo "make bench-quick  the same harness on less data, 3 runs of each (about 8 min)"
 	@echo "make bench-gate   fail if the last run misses the seed's budget or a target of bench/targets.py"
-	@echo "make bench-profile  sample a worker under load with py-spy: bench/out/profile-e2e_noop.{svg,txt}"
+	@echo "make bench-profile  a worker and the plain Faust peer under load, sampled by py-spy: bench/out/profile-*"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

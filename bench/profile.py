@@ -1,18 +1,24 @@
-"""`make bench-profile`: where a keylane worker's time goes under load, sampled by py-spy.
+"""`make bench-profile`: where a keylane worker's time goes under load, beside a plain Faust
+agent doing the same job, both sampled by py-spy.
 
     python -m bench.profile [--records 20000] [--out bench/out]
 
 It deploys a fresh catalog (the broker from KAFKA_BOOTSTRAP_SERVERS, else a local Kafka 3.9
-from the Maven jars), pre-fills e2e_noop's input (the no-op agent over 1,000 keys), starts one
-worker and samples every thread of it with py-spy while it works through the backlog (from
-its first output to its last). It writes, in ``--out``:
+from the Maven jars) and pre-fills e2e_noop's input (1,000 keys). Then, one after the other
+over that same backlog, it starts the plain Faust peer of ``make bench`` (bench/peers.py: a
+table write and an output per record) and a keylane worker with the no-op agent, and samples
+every thread of each with py-spy from its start until its last output. It writes, in ``--out``:
 
-* ``profile-e2e_noop.svg``: py-spy's flame graph;
-* ``profile-e2e_noop.txt``: the sampled rate, each area's share of the samples (the area of a
-  sample's innermost frame that belongs to one: Faust's stream machinery, the offset guard,
-  lanes, encode/decode, tables and changelog, the producer, the consumer's fetch thread,
-  metrics, the agent runtime, asyncio itself), then the top frames by own samples and by
-  inclusive samples.
+* ``profile-e2e_noop.svg`` and ``profile-faust_peer.svg``: py-spy's flame graphs;
+* ``profile-e2e_noop.txt``: both rates; the CPU each process spent per record (utime and
+  stime of /proc/PID/stat over the run, every thread); the Python CPU per record of each
+  area, side by side (the area of a sample's innermost frame that belongs to one: Faust's
+  stream machinery, the offset guard, lanes, encode/decode, tables and changelog, the
+  producer, the consumer's fetch thread, metrics, the agent runtime, asyncio itself); then,
+  for each process, the areas' shares and the top frames by own and inclusive samples.
+
+The side-by-side table is what the e2e_noop ratio to the peer is made of: an area where
+keylane spends more per record than the peer is work keylane adds to Faust's path.
 
 Only the thread holding the GIL is sampled (``--gil``), so the shares are of the Python CPU
 the worker spends. Without it py-spy counted a thread inside a system call as busy, and a
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import shutil
 import signal
@@ -41,8 +48,10 @@ from bench.producers import produce_all
 from bench.reader import Reader, rate_of
 from bench.run import REPO, bench_broker
 from keylane.catalog import EVENTS, OUTPUT
+from keylane.testing.processes import ManagedProcess
 
 NAME = "e2e_noop"
+PEER = "faust_peer"
 KEYS = 1000
 SAMPLE_RATE_HZ = 200
 
@@ -189,37 +198,134 @@ def finish(sampler: subprocess.Popen[bytes]) -> None:
         )
 
 
-async def profile(bootstrap: str, records: int, out: Path) -> str:
-    bed = Testbed(bootstrap)
-    deployment = await bed.deploy("profile")
-    progress(f"profile: pre-filling {records} records over {KEYS} keys")
-    await produce_all(bootstrap, deployment.topic(EVENTS), noop_events(KEYS, records, "p"))
-    worker = bed.worker(deployment, agent="bench.agents:noop", config="bench.agents:noop_config")
-    reader = Reader(bootstrap, deployment.topic(OUTPUT), deployment.partitions(OUTPUT))
-    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before the run)
-    raw, svg = out / f"profile-{NAME}.raw", out / f"profile-{NAME}.svg"
+def cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU seconds of every thread of ``pid`` so far (/proc/PID/stat), or
+    None where /proc does not say."""
     try:
-        await reader.start()
-        await start(worker)
-        assert worker.proc is not None
-        samplers = [sample(worker.proc.pid, raw, "raw"), sample(worker.proc.pid, svg, "flamegraph")]
-        try:
-            outputs = await reader.take(records, timeout_s=60 + records / 100, watch=[worker])
-        finally:
-            for sampler in samplers:
-                finish(sampler)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces
+    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Sampled:
+    """One process's run through the backlog: its output rate, py-spy's stacks and the CPU
+    it spent meanwhile."""
+
+    name: str
+    records: int
+    rate: float
+    stacks: list[tuple[list[Frame], int]]
+    cpu_s: float | None
+
+    def cpu_ms_per_record(self) -> float | None:
+        return None if self.cpu_s is None else 1000 * self.cpu_s / self.records
+
+    def sampled_ms_per_record(self, count: int) -> float:
+        """Python CPU per record that ``count`` samples stand for (one per 1/SAMPLE_RATE_HZ s)."""
+        return count * 1000 / SAMPLE_RATE_HZ / self.records
+
+
+async def _through_backlog(
+    process: ManagedProcess, reader: Reader, name: str, records: int, out: Path
+) -> Sampled:
+    """Start ``process``, sample it until ``reader`` saw ``records`` outputs; the flame graph
+    goes to ``out/profile-<name>.svg``."""
+    raw, svg = out / f"profile-{name}.raw", out / f"profile-{name}.svg"
+    await reader.start()
+    await start(process)
+    assert process.proc is not None
+    pid = process.proc.pid
+    before = cpu_seconds(pid)
+    samplers = [sample(pid, raw, "raw"), sample(pid, svg, "flamegraph")]
+    try:
+        outputs = await reader.take(records, timeout_s=60 + records / 100, watch=[process])
+        after = cpu_seconds(pid)
     finally:
-        await reader.stop()
-        await stop(worker)
-        await bed.stop_all()
-        await bed.delete_topics()
-    rate = rate_of(outputs)
+        for sampler in samplers:
+            finish(sampler)
     stacks = parse_collapsed(raw.read_text().splitlines())
     raw.unlink()
-    text = f"{NAME} under py-spy ({SAMPLE_RATE_HZ} Hz, non-blocking): "
-    text += f"{rate:.0f} records/s over {records} records\n\n{summarise(stacks)}"
+    cpu_s = None if before is None or after is None else after - before
+    return Sampled(name, records, rate_of(outputs), stacks, cpu_s)
+
+
+def compare(ours: Sampled, peer: Sampled) -> str:
+    """Both runs side by side: rate, CPU per record, and sampled Python CPU per record by area."""
+    by_area: dict[str, Counter[str]] = {}
+    for run in (ours, peer):
+        areas: Counter[str] = Counter()
+        for frames, count in run.stacks:
+            areas[area_of(frames)] += count
+        by_area[run.name] = areas
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    lines = [
+        f"{NAME} (keylane worker, no-op agent): {ours.rate:.0f} records/s over {ours.records} records",
+        f"{PEER} (plain Faust agent + table, bench/peers.py): {peer.rate:.0f} records/s, same records",
+        "",
+        "CPU per record, ms (utime + stime of /proc/PID/stat, every thread, while the backlog ran):",
+        f"  keylane {ms(ours.cpu_ms_per_record())}   Faust peer {ms(peer.cpu_ms_per_record())}",
+        "",
+        f"Python CPU per record by area, ms (GIL samples at {SAMPLE_RATE_HZ} Hz / records):",
+        f"  {'area':<34} {'keylane':>8} {'Faust peer':>11}",
+    ]
+    names = sorted(
+        set(by_area[ours.name]) | set(by_area[peer.name]),
+        key=lambda area: -(by_area[ours.name][area] + by_area[peer.name][area]),
+    )
+    for area in names:
+        mine = ours.sampled_ms_per_record(by_area[ours.name][area])
+        theirs = peer.sampled_ms_per_record(by_area[peer.name][area])
+        lines.append(f"  {area:<34} {mine:>8.3f} {theirs:>11.3f}")
+    total_ours = sum(by_area[ours.name].values())
+    total_peer = sum(by_area[peer.name].values())
+    lines.append(
+        f"  {'total':<34} {ours.sampled_ms_per_record(total_ours):>8.3f} "
+        f"{peer.sampled_ms_per_record(total_peer):>11.3f}"
+    )
+    return "\n".join(lines) + "\n"
+
+
+async def profile(bootstrap: str, records: int, out: Path) -> str:
+    bed = Testbed(bootstrap)
+    sink = f"{bed.run_id}-profile.peer.output"
+    deployment = await bed.deploy("profile", extra_topics=[sink])
+    progress(f"profile: pre-filling {records} records over {KEYS} keys")
+    source = deployment.topic(EVENTS)
+    await produce_all(bootstrap, source, noop_events(KEYS, records, "p"))
+    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before the runs)
+    try:
+        progress(f"profile: {PEER} over the backlog")
+        reader = Reader(bootstrap, sink, deployment.partitions(OUTPUT))
+        peer_process = bed.peer(deployment, "faust", source, sink)
+        try:
+            peer = await _through_backlog(peer_process, reader, PEER, records, out)
+        finally:
+            await reader.stop()
+            await stop(peer_process)
+        progress(f"profile: {NAME}, keylane worker over the same backlog")
+        reader = Reader(bootstrap, deployment.topic(OUTPUT), deployment.partitions(OUTPUT))
+        worker = bed.worker(deployment, agent="bench.agents:noop", config="bench.agents:noop_config")
+        try:
+            ours = await _through_backlog(worker, reader, NAME, records, out)
+        finally:
+            await reader.stop()
+            await stop(worker)
+    finally:
+        await bed.stop_all()
+        await bed.delete_topics()
+    text = compare(ours, peer)
+    text += f"\n{NAME} under py-spy ({SAMPLE_RATE_HZ} Hz, non-blocking): "
+    text += f"{ours.rate:.0f} records/s over {records} records\n\n{summarise(ours.stacks)}"
+    text += f"\n{PEER} under py-spy: {peer.rate:.0f} records/s\n\n{summarise(peer.stacks)}"
     (out / f"profile-{NAME}.txt").write_text(text)
-    progress(f"profile: wrote {svg} and {out / f'profile-{NAME}.txt'}")
+    progress(f"profile: wrote {out}/profile-{{{NAME},{PEER}}}.svg and {out / f'profile-{NAME}.txt'}")
     return text
 
 

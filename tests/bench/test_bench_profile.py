@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.profile import area_of, parse_collapsed, summarise
+from bench.profile import NAME, PEER, Sampled, area_of, compare, cpu_seconds, parse_collapsed, summarise
 from tests.broker import REPO
 
 HEAD = 'process 1:"python -m keylane.cli worker"'
@@ -47,6 +47,29 @@ def test_the_summary_splits_samples_by_their_innermost_area() -> None:
     assert "10.0%  labels (prometheus_client/metrics.py)" in text
 
 
+def test_the_comparison_sets_each_areas_cpu_per_record_beside_the_peers() -> None:
+    stacks = parse_collapsed(RAW.splitlines())  # 100 samples: 1 per 5 ms at 200 Hz, 0.5 s
+    ours = Sampled(NAME, records=100, rate=700.0, stacks=stacks, cpu_s=0.2)
+    peer = Sampled(PEER, records=100, rate=1400.0, stacks=stacks[2:], cpu_s=0.1)
+    text = compare(ours, peer)
+    assert "700 records/s over 100 records" in text and "1400 records/s" in text
+    assert "keylane 2.00   Faust peer 1.00" in text  # ms of CPU per record
+    rows = {
+        line.split("  ")[1].strip(): line.split()[-2:] for line in text.splitlines() if line.startswith("  ")
+    }
+    assert rows["consumer fetch thread"] == ["3.000", "3.000"]  # 60 samples x 5 ms / 100 records
+    assert rows["metrics"] == ["0.500", "0.000"]
+    assert rows["total"] == ["5.000", "3.000"]
+
+
+def test_cpu_seconds_reads_this_process() -> None:
+    before = cpu_seconds(os.getpid())
+    sum(i * i for i in range(300_000))
+    after = cpu_seconds(os.getpid())
+    assert before is not None and after is not None and after > before
+    assert cpu_seconds(2**22 + 12345) is None  # no such process
+
+
 @pytest.mark.kafka
 @pytest.mark.timeout(300)
 def test_a_profile_of_a_worker_under_load_is_written(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -64,4 +87,7 @@ def test_a_profile_of_a_worker_under_load_is_written(kafka_bootstrap: str, tmp_p
     assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()[:2000]
     assert "records/s over 600 records" in text and "share by area" in text
     assert "Faust stream machinery" in text, text
-    assert not (tmp_path / "profile-e2e_noop.raw").exists()
+    assert "CPU per record, ms" in text and "Python CPU per record by area" in text
+    peer_svg = (tmp_path / "profile-faust_peer.svg").read_text()
+    assert "<svg" in peer_svg[:2000]
+    assert not list(tmp_path.glob("*.raw"))
