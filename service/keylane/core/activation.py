@@ -550,7 +550,8 @@ class KeyRuntime:
         metrics.ACTIVATION_SECONDS.observe(wall_s)
         metrics.OVERHEAD_SECONDS.observe(max(0.0, wall_s - ctx.stats.llm_s - ctx.stats.tool_s))
         metrics.MEMORY_BYTES.observe(ctx.memory.total_bytes)
-        metrics.TOOL_CALLS.inc(ctx.stats.tool_calls)
+        if ctx.stats.tool_calls:
+            metrics.TOOL_CALLS.inc(ctx.stats.tool_calls)
         if soft_cap_hit:
             metrics.MEMORY_SOFT_CAP_WARNINGS.inc()
         next_state = struct_replace(

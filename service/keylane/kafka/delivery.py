@@ -99,6 +99,8 @@ class DeliveryGuard:
         this long after the crash began, if Faust's own shutdown has not ended it first."""
         self._limits: dict[str, int] = {}
         self._crash: asyncio.Future[None] | None = None
+        self._producer_max: int | None = None
+        self._confirm_timeout_s: float | None = None
 
     def set_limits(self, limits: Iterable[tuple[str, int]]) -> None:
         """The max.message.bytes of topics by broker name (the catalog's, see Publisher)."""
@@ -107,19 +109,28 @@ class DeliveryGuard:
     def limit(self, topic: str) -> int:
         """The most bytes a record for ``topic`` may take: min(producer max request size, the
         topic's max.message.bytes when known)."""
-        producer_max = int(self.app.conf.producer_max_request_size)
+        producer_max = self._producer_max
+        if producer_max is None:
+            # Read once (as are the others below): the settings are fixed once the app runs,
+            # and each read goes through Faust's settings registry, on every record.
+            producer_max = self._producer_max = int(self.app.conf.producer_max_request_size)
         return min(producer_max, self._limits.get(topic, producer_max))
 
     @property
     def confirm_timeout_s(self) -> float:
-        return float(self.app.conf.producer_request_timeout) + CONFIRM_MARGIN_S
+        timeout_s = self._confirm_timeout_s
+        if timeout_s is None:
+            timeout_s = self._confirm_timeout_s = (
+                float(self.app.conf.producer_request_timeout) + CONFIRM_MARGIN_S
+            )
+        return timeout_s
 
     def check(self) -> None:
         """Refuse new hand-offs once a produce failed: the worker is going down."""
         if self.failure is not None:
             raise ProduceFailed(f"not producing any more records: {self.failure}")
 
-    def fail(self, what: str, exc: BaseException | None) -> ProduceFailed:
+    def fail(self, what: object, exc: BaseException | None) -> ProduceFailed:
         """Record that ``what`` was not produced; the first failure logs the one CRITICAL line
         and crashes the app. Returns the error for the caller to raise."""
         if self.failure is not None:
@@ -141,7 +152,7 @@ class DeliveryGuard:
             watchdog.start()
         return self.failure
 
-    def track(self, what: str, delivery: asyncio.Future[Any]) -> None:
+    def track(self, what: object, delivery: asyncio.Future[Any]) -> None:
         """Watch one handed-off record: a failure crashes the worker even if nobody waits for
         it, and the running unit of work (``confirming``) waits for it."""
         delivery.add_done_callback(lambda done: self._on_done(what, done))
@@ -149,12 +160,12 @@ class DeliveryGuard:
         if work is not None:
             work.append((what, delivery))
 
-    def _on_done(self, what: str, delivery: asyncio.Future[Any]) -> None:
+    def _on_done(self, what: object, delivery: asyncio.Future[Any]) -> None:
         error = _error_of(delivery)
         if error is not None:
             self.fail(what, error)
 
-    async def confirm(self, pending: list[tuple[str, asyncio.Future[Any]]]) -> None:
+    async def confirm(self, pending: list[tuple[object, asyncio.Future[Any]]]) -> None:
         """Wait until Kafka confirmed every record of ``pending``; raise ProduceFailed for the
         first one it did not take (or did not confirm within ``confirm_timeout_s``)."""
         if not pending:
@@ -176,7 +187,7 @@ def _error_of(delivery: asyncio.Future[Any]) -> BaseException | None:
     return delivery.exception()
 
 
-_work: ContextVar[list[tuple[str, asyncio.Future[Any]]] | None] = ContextVar("keylane_deliveries")
+_work: ContextVar[list[tuple[object, asyncio.Future[Any]]] | None] = ContextVar("keylane_deliveries")
 
 
 def delivery_guard(app: faust.App) -> DeliveryGuard:
@@ -194,7 +205,7 @@ async def confirming(app: faust.App) -> AsyncIterator[None]:
     producer inside the block (raises ProduceFailed otherwise). A block left by an exception
     does not wait; what it produced is still watched, and a failure still crashes the worker."""
     guard = delivery_guard(app)
-    pending: list[tuple[str, asyncio.Future[Any]]] = []
+    pending: list[tuple[object, asyncio.Future[Any]]] = []
     token = _work.set(pending)
     try:
         yield
@@ -213,12 +224,23 @@ async def confirm_handed_off(app: faust.App) -> None:
         await delivery_guard(app).confirm(handed_off)
 
 
-def _what(record: str) -> str:
-    """``record`` and, inside a lane job, the input it was produced for."""
-    event = faust.current_event()
-    if event is None:
-        return record
-    return "{} for input {}/{}/{}".format(record, *position_of(event.message))
+class Sent:
+    """What a handed-off record was, described only when a failure names it: most records
+    are confirmed, and formatting each one's key and input would cost every record."""
+
+    __slots__ = ("_args", "_describe", "_input")
+
+    def __init__(self, describe: str, *args: Any) -> None:
+        self._describe = describe
+        self._args = args
+        event = faust.current_event()  # the lane job's input, while its context is current
+        self._input = None if event is None else event.message
+
+    def __str__(self) -> str:
+        text = self._describe.format(*self._args)
+        if self._input is None:
+            return text
+        return "{} for input {}/{}/{}".format(text, *position_of(self._input))
 
 
 class ConfirmedTopic(faust.Topic):
@@ -239,27 +261,33 @@ class ConfirmedTopic(faust.Topic):
         callback: MessageSentCallback | None = None,
         force: bool = False,
     ) -> Awaitable[RecordMetadata]:
+        return await self.send_sized(
+            record_size(key, value, headers),
+            key=key,
+            value=value,
+            partition=partition,
+            timestamp=timestamp,
+            headers=headers,
+            schema=schema,
+            key_serializer=key_serializer,
+            value_serializer=value_serializer,
+            callback=callback,
+        )
+
+    async def send_sized(self, size: int, **send: Any) -> Awaitable[RecordMetadata]:
+        """``send`` for a caller that already measured the record (``record_size``): the
+        Publisher does, to choose between the record and its dead letter."""
         guard = delivery_guard(self.app)  # type: ignore[arg-type]  # AppT is the App Protocol
         guard.check()
         name = self.get_topic_name()
-        size = record_size(key, value, headers)
         limit = guard.limit(name)
+        key, value = send.get("key"), send.get("value")
         if size > limit:
             raise RecordTooLarge(topic=name, key=key, value=value, size=size, limit=limit)
-        what = _what(f"a {name} record (key {key!r:.80}, {size} bytes)")
+        what = Sent("a {} record (key {!r:.80}, {} bytes)", name, key, size)
         try:
-            delivery = await super().send(
-                key=key,
-                value=value,
-                partition=partition,
-                timestamp=timestamp,
-                headers=headers,
-                schema=schema,
-                key_serializer=key_serializer,
-                value_serializer=value_serializer,
-                callback=callback,
-                force=True,  # never a Faust "attachment": those wait for the commit that waits for us
-            )
+            # never a Faust "attachment" (force): those wait for the commit that waits for us
+            delivery = await super().send(**send, force=True)
         except Exception as exc:  # a refused hand-off is as final as a failed delivery
             raise guard.fail(what, exc) from exc
         guard.track(what, asyncio.ensure_future(delivery))
@@ -276,7 +304,8 @@ def track_changelog(table: Any) -> None:
         future: FutureMessage = send_changelog(partition, key, value, *args, **kwargs)
         size = len(value) if isinstance(value, bytes) else 0
         guard.track(
-            _what(f"a changelog record of table {table.name} (partition {partition}, {size} bytes)"), future
+            Sent("a changelog record of table {} (partition {}, {} bytes)", table.name, partition, size),
+            future,
         )
         return future
 

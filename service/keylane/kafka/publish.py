@@ -67,10 +67,14 @@ class Publisher:
 
     def producible(self, emit: Emit) -> Emit:
         """``emit``, or the dead letter that replaces it when it is too large to produce."""
+        return self._measured(emit)[0]
+
+    def _measured(self, emit: Emit) -> tuple[Emit, int]:
+        """``producible(emit)`` and its record size."""
         size = record_size(emit.key, emit.value, _headers(emit))
         limit = self._guard.limit(self._names[emit.topic])
         if size <= limit:
-            return emit
+            return emit, size
         if emit.topic == ERRORS:
             letter = shrunk_error(emit, size=size, limit=limit)
         else:
@@ -93,13 +97,13 @@ class Publisher:
             limit,
             letter.record_id,
         )
-        return letter
+        return letter, record_size(letter.key, letter.value, _headers(letter))
 
     async def publish(self, emit: Emit) -> None:
         """Hand one record (or its dead letter, see the class docstring) to the producer.
         Inside ``confirming`` the block waits for Kafka to confirm it; the key's outbox
         learns of the delivery through the callback."""
-        sent = self.producible(emit)
+        sent, size = self._measured(emit)
         runtime = self._runtime
         record_ids = {emit.record_id, sent.record_id}
         if runtime is not None:
@@ -111,8 +115,8 @@ class Publisher:
                 for record_id in record_ids:
                     runtime.on_delivered(record_id)
 
-        await self._topics[sent.topic].send(
-            key=sent.key, value=sent.value, headers=_headers(sent), callback=delivered
+        await self._topics[sent.topic].send_sized(
+            size, key=sent.key, value=sent.value, headers=_headers(sent), callback=delivered
         )
         _count(sent)
 

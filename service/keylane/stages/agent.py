@@ -268,7 +268,9 @@ class AgentProcessor:
         )
 
     def _state_of(self, key: bytes) -> KeyState:
-        return decode_state(self.table.get(key))
+        # The store itself, not the table: the table's own get looks a key up twice (a
+        # contains check for its default, then the read), once per record.
+        return decode_state(self.table.data.get(key))
 
     def _log_end(self, message: Any) -> int | None:
         """The consumer's high watermark of the record's partition (None when unknown): only a
