@@ -332,6 +332,13 @@ def _key_command_arguments(
 ) -> None:
     """The arguments every operator command on one key takes (cancel, pause, resume)."""
     parser.add_argument("key", metavar="KEY", help="the physical key (a sharded key's shard: KEY#i)")
+    parser.add_argument(
+        "--shards",
+        type=int,
+        metavar="N",
+        help="KEY is the logical key of a sharded agent: send the command to each of its N shards "
+        "KEY#0 ... KEY#N-1 (N is the agent's AgentConfig.shards)",
+    )
     parser.add_argument("--operator", required=True, metavar="NAME", help=f"who {verb}, for the audit log")
     parser.add_argument("--reason", required=True, metavar="TEXT", help=why)
     parser.add_argument("--force", action="store_true", help=f"send it even if the key is {refused_when} now")
@@ -659,6 +666,8 @@ def _approvals_list(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
+    if args.shards is not None:
+        return _send_to_shards("cancel", args)
     command, view = _send_key_command("cancel", args)
     waiting = view.state.continuation if view.state is not None else None
     what = (
@@ -672,6 +681,8 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _pause_or_resume(action: KeyAction, args: argparse.Namespace) -> int:
+    if args.shards is not None:
+        return _send_to_shards(action, args)
     command, view = _send_key_command(action, args)
     held = len(view.state.held) if view.state is not None else 0
     what = (
@@ -686,12 +697,48 @@ def _pause_or_resume(action: KeyAction, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _send_to_shards(action: KeyAction, args: argparse.Namespace) -> int:
+    """``action`` on every shard of the logical key: one line per shard, sent or skipped."""
+    from keylane.key_commands import CommandRefused, send_to_shards
+
+    settings = _checked_key_command(args)
+    if args.shards < 1:
+        raise ConfigError(f"--shards must be at least 1 (the agent's AgentConfig.shards), got {args.shards}")
+    outcomes = asyncio.run(
+        send_to_shards(
+            settings,
+            _catalog(settings),
+            key=args.key,
+            shards=args.shards,
+            action=action,
+            operator=args.operator,
+            reason=args.reason,
+            force=args.force,
+        )
+    )
+    for shard, outcome in outcomes:
+        if isinstance(outcome, CommandRefused):
+            print(f"{shard}: skipped, {outcome}")
+        else:
+            print(f"{action} {outcome.command_id} sent for {shard} by {outcome.operator}")
+    sent = sum(not isinstance(outcome, CommandRefused) for _, outcome in outcomes)
+    if not sent:
+        raise KeylaneError(f"no shard of {args.key} took the {action}: each was skipped, as listed above")
+    shown = f"'keylane inspect {args.key} --logical' shows the result"
+    print(f"{action} sent to {sent} of the {args.shards} shards of {args.key}; {shown}")
+    return EXIT_OK
+
+
+def _checked_key_command(args: argparse.Namespace) -> Settings:
+    if not args.key.strip() or not args.operator.strip() or not args.reason.strip():
+        raise ConfigError("KEY, --operator and --reason must not be empty")
+    return _settings(args)
+
+
 def _send_key_command(action: KeyAction, args: argparse.Namespace) -> tuple[KeyCommand, KeyView]:
     from keylane.key_commands import send_key_command
 
-    settings = _settings(args)
-    if not args.key.strip() or not args.operator.strip() or not args.reason.strip():
-        raise ConfigError("KEY, --operator and --reason must not be empty")
+    settings = _checked_key_command(args)
     return asyncio.run(
         send_key_command(
             settings,

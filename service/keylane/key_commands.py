@@ -36,14 +36,22 @@ async def send_key_command(
     operator: str,
     reason: str,
     force: bool,
+    logical_check: bool = True,
 ) -> tuple[KeyCommand, KeyView]:
     """Publish ``action`` on ``key`` (signed when signing keys are configured) and return it
     with the key's stored state it was checked against. Unless ``force``, CommandRefused when
     the command would find nothing to do: a cancel for a key that is not suspended, a pause
-    for a paused key, a resume for one that is not paused."""
+    for a paused key, a resume for one that is not paused, or any command for a key that
+    never had state while shards ``key#i`` of it do (a sharded agent's inputs never reach
+    the logical key: a pause of it would hold nothing); ``logical_check=False`` leaves that
+    last check out (``key`` is a shard already)."""
     (view,) = await inspect_keys(settings, catalog, key, logical=False)
     if not force:
         refused = _nothing_to_do(view, action)
+        if view.offset is None and logical_check:
+            shards = await inspect_keys(settings, catalog, key, logical=True)
+            if shards:
+                refused = _sharded(key, [shard.key for shard in shards], action)
         if refused is not None:
             raise CommandRefused(f"{refused}; --force sends it anyway")
     command = settings.keyring().sign(
@@ -59,6 +67,50 @@ async def send_key_command(
     async with producer(settings) as kafka:  # murmur2: the key's partition, its lane
         await kafka.send_and_wait(catalog.name(CONTROL), key=key.encode(), value=encode(command))
     return command, view
+
+
+async def send_to_shards(
+    settings: Settings,
+    catalog: Catalog,
+    *,
+    key: str,
+    shards: int,
+    action: KeyAction,
+    operator: str,
+    reason: str,
+    force: bool,
+) -> list[tuple[str, KeyCommand | CommandRefused]]:
+    """``send_key_command`` on each shard ``key#0`` ... ``key#<shards - 1>`` of a logical key,
+    in order: per shard, the command sent, or why it was not (a shard with nothing to do is
+    skipped, and the others still get theirs)."""
+    sent: list[tuple[str, KeyCommand | CommandRefused]] = []
+    for index in range(shards):
+        shard = f"{key}#{index}"
+        try:
+            command, _ = await send_key_command(
+                settings,
+                catalog,
+                key=shard,
+                action=action,
+                operator=operator,
+                reason=reason,
+                force=force,
+                logical_check=False,
+            )
+        except CommandRefused as refused:
+            sent.append((shard, refused))
+        else:
+            sent.append((shard, command))
+    return sent
+
+
+def _sharded(key: str, shards: list[str], action: KeyAction) -> str:
+    named = ", ".join(shards[:4]) + (f" and {len(shards) - 4} more" if len(shards) > 4 else "")
+    return (
+        f"{key} has no state, but its shards {named} do: the agent is sharded, and its inputs reach "
+        f"{key}#i, never {key}; send it to every shard with --shards N (the agent's shards), or "
+        f"name one ('keylane {action} {shards[0]} ...')"
+    )
 
 
 def _nothing_to_do(view: KeyView, action: KeyAction) -> str | None:

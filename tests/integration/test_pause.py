@@ -21,6 +21,7 @@ from keylane.catalog import CONTROL, EVENTS, OUTPUT, Catalog
 from keylane.config import Settings
 from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.topic_reader import TopicRecord, read_to_end
+from keylane.keys import shard_index
 from keylane.wire import AgentEnvelope, KeyCommand, decode, encode
 from tests.integration.doc_sessions import run_session
 from tests.integration.test_inspect import inspect
@@ -151,3 +152,77 @@ async def test_the_runbooks_pause_session_prints_what_docs_operations_shows(
         await run_session("## Pausing and resuming a key", settings, env)
         done_records = await wait_for_records(settings, outputs, lambda rs: len(rs) == 2)
     assert [json.loads(r.value or b"")["ring"] for r in done_records][-1] == ["hello", "refund again"]
+
+
+@pytest.mark.timeout(300)
+async def test_a_sharded_key_is_paused_and_resumed_through_its_shards(
+    settings: Settings, catalog: Catalog, tmp_path: Path
+) -> None:
+    """Behind ShardKeys(4) a logical key's inputs reach its shards KEY#i, never KEY: a pause of
+    KEY itself would hold nothing, so the CLI refuses it in one line naming the shards, and
+    ``--shards 4`` pauses (and resumes) every shard."""
+    env = process_env(settings, LLM_LEDGER=str(tmp_path / "llm.jsonl"))
+    key, outputs = "hot-customer", catalog.name(OUTPUT)
+    # Two events per shard, chosen by the shard their payload hashes to.
+    events = [f"e{n}" for n in range(200)]
+    per_shard = {
+        i: [e for e in events if shard_index(encode(AgentEnvelope(payload=e)), 4) == i][:2] for i in range(4)
+    }
+    first, second = [e[0] for e in per_shard.values()], [e[1] for e in per_shard.values()]
+
+    async def send(payloads: list[str]) -> None:
+        values = [(key.encode(), encode(AgentEnvelope(payload=p))) for p in payloads]
+        await produce(settings, catalog.name(EVENTS), values)
+
+    worker = KeylaneProcess([*AGENT, "--config", "tests.agents.flow:sharded4"], env, tmp_path / "worker.log")
+    with running(worker):
+        await send(first)
+        await wait_for_records(settings, outputs, lambda rs: len(rs) == 4)
+
+        refused = keylane_cli(settings, "pause", key, "--operator", "ann", "--reason", "it loops")
+        assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1, refused.stderr
+        assert (
+            f"keylane: {key} has no state, but its shards {key}#0, {key}#1, {key}#2, {key}#3 do"
+            in refused.stderr
+        )
+        assert "--shards N" in refused.stderr
+
+        said = cli_ok(settings, "pause", key, "--shards", "4", "--operator", "ann", "--reason", "it loops")
+        assert [line.split()[4:] for line in said.splitlines()[:4]] == [
+            [f"{key}#{i}", "by", "ann"] for i in range(4)
+        ]
+        assert said.splitlines()[4].startswith(f"pause sent to 4 of the 4 shards of {key}")
+        await until(
+            "every shard paused", lambda: all(v["paused"] for v in inspect(settings, key, "--logical"))
+        )
+
+        await send(second)
+        await until(
+            "an event held by each shard",
+            lambda: [len(v["held_inputs"]) for v in inspect(settings, key, "--logical")] == [1, 1, 1, 1],
+        )
+        assert len(await read_to_end(settings, outputs)) == 4
+
+        again = keylane_cli(
+            settings, "pause", key, "--shards", "4", "--operator", "bob", "--reason", "me too"
+        )
+        assert again.returncode == 1, again.stdout
+        assert [line.split(": skipped,")[0] for line in again.stdout.splitlines()] == [
+            f"{key}#{i}" for i in range(4)
+        ]
+        assert again.stderr.splitlines() == [
+            f"keylane: no shard of {key} took the pause: each was skipped, as listed above"
+        ]
+
+        said = cli_ok(settings, "resume", key, "--shards", "4", "--operator", "ann", "--reason", "fixed")
+        assert said.splitlines()[-1].startswith(f"resume sent to 4 of the 4 shards of {key}")
+        done = await wait_for_records(settings, outputs, lambda rs: len(rs) == 8)
+    rings = {json.loads(r.value or b"")["key"]: json.loads(r.value or b"")["ring"] for r in done}
+    assert rings == {f"{key}#{i}": per_shard[i] for i in range(4)}
+
+
+def test_shards_must_be_at_least_one(settings: Settings) -> None:
+    done = keylane_cli(settings, "pause", "k", "--shards", "0", "--operator", "ann", "--reason", "r")
+    assert done.returncode == 1 and done.stderr.splitlines() == [
+        "keylane: --shards must be at least 1 (the agent's AgentConfig.shards), got 0"
+    ]
