@@ -145,8 +145,9 @@ TIMERS_IGNORED = Counter("keylane_timers_ignored", "Timer fires ignored as stale
 TIMERS_SENT = Counter("keylane_timers_sent", "Timer-fired commands sent by the scan.", ["kind"])
 STALE_STATE_WRITES = Counter(
     "keylane_stale_state_writes",
-    "Keys whose last state changelog record a restore skipped as a former owner's late write "
-    "(a paused or revoked worker's, landed after its successor's); the owner wrote each again.",
+    "Keys (a worker's states, an effector's claims) whose last changelog record a restore skipped "
+    "as a former owner's late write (a paused or revoked process's, landed after its successor's); "
+    "the owner wrote each again.",
 )
 QUARANTINED_KEYS = Gauge(
     "keylane_quarantined_keys",

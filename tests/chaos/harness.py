@@ -664,17 +664,25 @@ def counter_processes(
     *,
     config_ref: str,
     workers: Iterable[str] = ("worker-a", "worker-b"),
+    effectors: Iterable[str] = ("effector",),
     tool_timeout_s: str | None = None,
 ) -> dict[str, KeylaneProcess]:
-    """The chaos runs' processes: the effector and ``workers`` running the counter agent
-    (tests/agents/counter.py) with ``config_ref``, each worker with its own data dir, every
-    log in ``tmp_path``. Not started."""
+    """The chaos runs' processes: ``effectors`` and ``workers`` running the counter agent
+    (tests/agents/counter.py) with ``config_ref``, each worker and each effector after the
+    first with its own data dir, every log in ``tmp_path``. Not started."""
     effector = ["effector", "--tools", "tests.agents.counter"]
     if tool_timeout_s is not None:
         effector += ["--tool-timeout", tool_timeout_s]
     worker = ["worker", "--agent", "tests.agents.counter:agent", "--config", config_ref]
+    first, *more = effectors
     return {
-        "effector": KeylaneProcess(effector, env, tmp_path / "effector.log"),
+        first: KeylaneProcess(effector, env, tmp_path / f"{first}.log"),
+        **{
+            name: KeylaneProcess(
+                effector, {**env, "KEYLANE_DATA_DIR": str(tmp_path / name)}, tmp_path / f"{name}.log"
+            )
+            for name in more
+        },
         **{
             name: KeylaneProcess(
                 worker, {**env, "KEYLANE_DATA_DIR": str(tmp_path / name)}, tmp_path / f"{name}.log"

@@ -20,6 +20,13 @@ hosts: a lease is written with one host's clock and read with another's.
 The table is a Faust table, read and written in the partition of the record being handled,
 so a claim is global by intent id only if every copy of an intent is handled in one
 partition: the effector re-routes each intent to its key's partition first (service.py).
+
+Every record carries the owner epoch of the effector that wrote it (its consumer group
+generation when the job started, as the agent's state does: service/keylane/kafka/epochs.py),
+and never a smaller one than the record it replaces. A restore skips a late claim from a
+former owner (an effector that stood still past its session timeout with the claim on its
+way) that lands after its successor's Done: without that, the claim would come back, and a
+copy of the intent would find it in doubt instead of answered.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ class ClaimRecord(msgspec.Struct, kw_only=True):
     claimed_at_ms: int
     lease_until_ms: int = 0
     result: bytes = b""  # the encoded (and, with keys, signed) ToolResult, once done
+    epoch: int = 0  # the writer's owner epoch (module docstring); 0 in records written before it
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,22 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(ClaimRecord)
 
 
+class _EpochProbe(msgspec.Struct):
+    epoch: int = 0
+
+
+_epoch_probe = msgspec.msgpack.Decoder(_EpochProbe)
+
+
+def claim_epoch_of(blob: bytes) -> int | None:
+    """The owner epoch a stored claim record carries (0 before records had one); None when it
+    does not decode."""
+    try:
+        return _epoch_probe.decode(blob).epoch
+    except msgspec.DecodeError:
+        return None
+
+
 class ClaimStore:
     """Claims over any mutable mapping of bytes (a Faust table in the effector)."""
 
@@ -83,10 +107,17 @@ class ClaimStore:
         self._table = table
 
     def claim(
-        self, intent_id: str, *, now_ms: int, lease_ms: int, expires_at_ms: int | None = None
+        self,
+        intent_id: str,
+        *,
+        now_ms: int,
+        lease_ms: int,
+        expires_at_ms: int | None = None,
+        epoch: int = 0,
     ) -> ClaimOutcome:
         """The intent's state, in the order of the module docstring; ``Claimed`` and
-        ``InDoubt`` write a claim leased until ``now_ms + lease_ms``."""
+        ``InDoubt`` write a claim leased until ``now_ms + lease_ms``, under the job's owner
+        ``epoch`` (or the stored record's, if larger)."""
         key = intent_id.encode()
         raw = self._table.get(key)
         record = _decoder.decode(raw) if raw else None
@@ -97,7 +128,12 @@ class ClaimStore:
         if record is None and expires_at_ms is not None and expires_at_ms <= now_ms:
             return Expired()
         self._table[key] = _encoder.encode(
-            ClaimRecord(state="claimed", claimed_at_ms=now_ms, lease_until_ms=now_ms + lease_ms)
+            ClaimRecord(
+                state="claimed",
+                claimed_at_ms=now_ms,
+                lease_until_ms=now_ms + lease_ms,
+                epoch=max(epoch, record.epoch if record is not None else 0),
+            )
         )
         return Claimed() if record is None else InDoubt(record.claimed_at_ms)
 
@@ -108,8 +144,11 @@ class ClaimStore:
             return False
         return _decoder.decode(raw).state == "done"
 
-    def complete(self, intent_id: str, result: bytes, *, now_ms: int) -> None:
+    def complete(self, intent_id: str, result: bytes, *, now_ms: int, epoch: int = 0) -> None:
         """Record the intent's one answer; every later ``claim`` returns it as ``Done``."""
-        self._table[intent_id.encode()] = _encoder.encode(
-            ClaimRecord(state="done", claimed_at_ms=now_ms, result=result)
+        key = intent_id.encode()
+        stored = self._table.get(key)
+        floor = (claim_epoch_of(stored) or 0) if stored else 0
+        self._table[key] = _encoder.encode(
+            ClaimRecord(state="done", claimed_at_ms=now_ms, result=result, epoch=max(epoch, floor))
         )

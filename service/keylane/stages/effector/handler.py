@@ -169,6 +169,7 @@ class IntentHandler:
         intent_signatures: Mode = "off",
         revoking: Callable[[], bool] = _never,
         run_watch: Callable[[], Callable[[], bool]] = lambda: _never,
+        epoch: Callable[[], int] = lambda: 0,
         result_limit: int | None = None,
         expiry_margin_ms: int = EXPIRY_MARGIN_MS,
         unknown_tool_wait_s: float = UNKNOWN_TOOL_WAIT_S,
@@ -192,10 +193,14 @@ class IntentHandler:
         self.run_watch = run_watch
         """Called as a run starts; what it returns says, once the run ended, whether the
         effector stood still past its session timeout meanwhile (service/keylane/kafka/pauses.py)."""
+        self.epoch = epoch
+        """The effector's owner epoch now (its consumer group generation), read as a job starts:
+        the claims it writes carry it (claims.py)."""
 
     async def handle(self, message: Any) -> None:
         """Steps 1-6 of the module docstring for one agent.intents record (a consumer
         message: topic, partition, offset, key, value, headers)."""
+        epoch = self.epoch()  # read as the job starts: see service/keylane/kafka/epochs.py
         key: bytes | None = message.key
         if key is not None:
             home = expected_partition(key, self.partitions)
@@ -230,9 +235,9 @@ class IntentHandler:
                     await self.io.publish(emit)
                     return
                 log.warning("intent %s is %s; executed (permissive mode)", intent.intent_id, verdict)
-        await self._answer(intent)
+        await self._answer(intent, epoch)
 
-    async def _answer(self, intent: ToolIntent) -> None:
+    async def _answer(self, intent: ToolIntent, epoch: int) -> None:
         """Steps 4-6: claim, settle or run, record Done, publish."""
         runnable = check(intent, self.registry)
         spec = runnable.spec if isinstance(runnable, Runnable) else None
@@ -243,33 +248,39 @@ class IntentHandler:
             if self.revoking():
                 raise Abandoned(f"intent {intent.intent_id}: partitions are being revoked")
             outcome = self.claims.claim(
-                intent.intent_id, now_ms=self.clock(), lease_ms=lease_ms, expires_at_ms=intent.expires_at_ms
+                intent.intent_id,
+                now_ms=self.clock(),
+                lease_ms=lease_ms,
+                expires_at_ms=intent.expires_at_ms,
+                epoch=epoch,
             )
             if isinstance(outcome, Done):
                 metrics.EFFECTOR_REPUBLISHED.inc()
                 # Found in the local store, its changelog record may never have reached Kafka
                 # (a kill -9 between the two): written again, so the next owner restores Done.
-                await self._record(intent, outcome.result)
+                await self._record(intent, outcome.result, epoch)
                 await self._publish(intent, outcome.result)
                 return
             if not isinstance(outcome, InFlight):
                 break
             await self._wait_out(intent, outcome)
         if isinstance(outcome, Expired):
-            await self._finish(intent, result_of(intent, "EXPIRED", error="intent expired before execution"))
+            await self._finish(
+                intent, result_of(intent, "EXPIRED", error="intent expired before execution"), epoch
+            )
             return
         if isinstance(runnable, ToolResult):
-            await self._finish(intent, runnable)  # REJECTED: nothing can run
+            await self._finish(intent, runnable, epoch)  # REJECTED: nothing can run
             return
         if isinstance(outcome, InDoubt):
             settled = await self._settle(intent, runnable.spec, outcome)
             if settled is not None:
-                await self._finish(intent, settled)
+                await self._finish(intent, settled, epoch)
                 return
         await self.io.flush()  # the claim is durable before the side effect happens
         budget_ms = self._budget_ms(intent)
         if budget_ms <= 0:
-            await self._finish(intent, result_of(intent, "EXPIRED", error=self._too_late(intent)))
+            await self._finish(intent, result_of(intent, "EXPIRED", error=self._too_late(intent)), epoch)
             return
         metrics.EFFECTOR_EXECUTIONS.inc()
         stood_still = self.run_watch()
@@ -286,7 +297,7 @@ class IntentHandler:
                 intent.tool,
             )
             raise Superseded(f"intent {intent.intent_id}")
-        await self._finish(intent, result)
+        await self._finish(intent, result, epoch)
 
     def _budget_ms(self, intent: ToolIntent) -> int:
         """How long a run may take and still be over ``expiry_margin_ms`` before the expiry."""
@@ -385,7 +396,7 @@ class IntentHandler:
         log.warning("intent %s: %s", intent.intent_id, error)
         return result_of(intent, "ERROR", error=error)
 
-    async def _finish(self, intent: ToolIntent, result: ToolResult) -> None:
+    async def _finish(self, intent: ToolIntent, result: ToolResult, epoch: int) -> None:
         """Sign, record Done (the bytes every redelivery republishes), publish."""
         encoded = encode(self.keyring.sign(result))
         if self.result_limit is not None and len(encoded) > self.result_limit:
@@ -398,14 +409,14 @@ class IntentHandler:
             log.warning("intent %s: %s", intent.intent_id, error)
             result = result_of(intent, "ERROR", error=error)
             encoded = encode(self.keyring.sign(result))
-        await self._record(intent, encoded)
+        await self._record(intent, encoded, epoch)
         await self._publish(intent, encoded)
         metrics.EFFECTOR_INTENTS.labels(result.status).inc()
 
-    async def _record(self, intent: ToolIntent, result: bytes) -> None:
+    async def _record(self, intent: ToolIntent, result: bytes, epoch: int) -> None:
         """Write Done and wait until Kafka has its changelog record: a result reaches
         agent.results only once its Done survives the loss of this effector's volume."""
-        self.claims.complete(intent.intent_id, result, now_ms=self.clock())
+        self.claims.complete(intent.intent_id, result, now_ms=self.clock(), epoch=epoch)
         await self.io.flush()
 
     async def _publish(self, intent: ToolIntent, result: bytes) -> None:

@@ -17,6 +17,13 @@ once a revocation has begun (handler.py), so the grace covers whatever is runnin
 group to wait that long, the consumer's rebalance timeout (and the request timeout its
 JoinGroup waits under) are raised above the grace period.
 
+**A claim from a former owner never replaces its successor's.** An effector that stood still
+past its session timeout keeps its producer: a claim it had on its way lands after the
+next owner's records. The claims table carries owner epochs and is restored through an
+``EpochFence`` (service/keylane/kafka/epochs.py), which skips such a late claim; once the
+recovery after a rebalance is done, the effector writes again each key whose last changelog
+record was skipped (``HEAL_INTERVAL_S`` checks for it), so compaction keeps the owner's.
+
 The alternative — letting the next owner see the outcome through the lease alone — cannot
 work: the outcome of a cancelled attempt is unknowable to anyone but the tool's own system,
 which is what ``reconcile`` is for (the crash window, docs/effector.md). The price of the
@@ -37,9 +44,15 @@ from keylane.authoring.tools import ToolRegistry
 from keylane.catalog import INTENTS, RESULTS, Catalog
 from keylane.clock import Clock, wall_clock_ms
 from keylane.core.lanes import PartitionLanes
-from keylane.kafka.app import App, changelog_record_limit, on_shutdown
+from keylane.kafka.app import (
+    App,
+    changelog_record_limit,
+    on_rebalance_complete,
+    on_shutdown,
+    recovery_completed,
+)
 from keylane.kafka.delivery import RecordTooLarge, confirm_handed_off, confirming, track_changelog
-from keylane.kafka.epochs import group_generation, request_rejoin
+from keylane.kafka.epochs import EpochFence, group_generation, owns_partition, request_rejoin
 from keylane.kafka.lane_feed import lane_agent
 from keylane.kafka.offset_guard import guard_offsets
 from keylane.kafka.pauses import PauseWatch
@@ -47,7 +60,7 @@ from keylane.kafka.publish import Publisher, raw_topic
 from keylane.kafka.restore_start import RestoreStart
 from keylane.records import Emit, InputRecord, error_emit
 from keylane.signing import Keyring, Mode
-from keylane.stages.effector.claims import ClaimStore
+from keylane.stages.effector.claims import ClaimStore, claim_epoch_of
 from keylane.stages.effector.handler import (
     RESULT_RECORD_MARGIN_BYTES,
     UNKNOWN_TOOL_WAIT_S,
@@ -58,6 +71,10 @@ from keylane.stages.effector.handler import (
 )
 
 log = logging.getLogger(__name__)
+
+HEAL_INTERVAL_S = 1.0
+"""How often the effector checks whether a rebalance's recovery is done, to rewrite the claims
+whose last changelog record was a former owner's late write."""
 
 CLAIMS_TABLE = "effector-claims"
 REBALANCE_MARGIN_S = 15.0
@@ -146,6 +163,10 @@ class Effector:
             value_type=bytes,
         )
         track_changelog(self.table)  # a claim counts as written only once Kafka has it
+        # a restore never takes a former owner's late claim over its successor's
+        self.fence = EpochFence(self.table, claim_epoch_of, owns=owns_partition(app, catalog.name(INTENTS)))
+        self.fence.install()
+        self._heal_pending = False
         # a restore never starts past claims another effector wrote while this one was away
         RestoreStart(self.table, app).install()
         self.claims = ClaimStore(self.table)
@@ -160,6 +181,7 @@ class Effector:
             intent_signatures=intent_signatures,
             revoking=self._revoking,
             run_watch=self._run_watch,
+            epoch=partial(group_generation, app),
             result_limit=min(changelog_record_limit(app, catalog), catalog[RESULTS].max_message_bytes)
             - RESULT_RECORD_MARGIN_BYTES,
             unknown_tool_wait_s=unknown_tool_wait_s,
@@ -188,6 +210,21 @@ class Effector:
             on_poison=self._dead_letter,
         )
         on_shutdown(app, self._stop_lanes)
+        on_rebalance_complete(app, self._on_rebalance_complete)
+        app.timer(HEAL_INTERVAL_S, name="keylane.effector-heal")(self.heal_after_recovery)
+
+    async def _on_rebalance_complete(self) -> None:
+        self._heal_pending = True
+
+    async def heal_after_recovery(self) -> None:
+        """Once the recovery after a rebalance is done, write again the claims whose last
+        changelog record is a former owner's late write (``EpochFence.heal``)."""
+        if not self._heal_pending or not recovery_completed(self.app):
+            return
+        self._heal_pending = False
+        healed = self.fence.heal()
+        if healed:
+            log.warning("rewrote %s claims whose last changelog record was a former owner's", healed)
 
     def _run_watch(self) -> Callable[[], bool]:
         """For a run starting now: whether the effector stood still past its session timeout
