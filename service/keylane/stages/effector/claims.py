@@ -37,6 +37,8 @@ from typing import Literal
 
 import msgspec
 
+from keylane.core.state import epoch_of
+
 
 class ClaimRecord(msgspec.Struct, kw_only=True):
     """The stored value: ``claimed`` with a lease, or ``done`` with the encoded result."""
@@ -84,20 +86,9 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(ClaimRecord)
 
 
-class _EpochProbe(msgspec.Struct):
-    epoch: int = 0
-
-
-_epoch_probe = msgspec.msgpack.Decoder(_EpochProbe)
-
-
-def claim_epoch_of(blob: bytes) -> int | None:
-    """The owner epoch a stored claim record carries (0 before records had one); None when it
-    does not decode."""
-    try:
-        return _epoch_probe.decode(blob).epoch
-    except msgspec.DecodeError:
-        return None
+claim_epoch_of = epoch_of
+"""The owner epoch a stored claim record carries (0 before records had one), None when it does
+not decode: a claim record keeps it in a top-level ``epoch`` field, as a key's state does."""
 
 
 class ClaimStore:
