@@ -740,3 +740,26 @@ async def test_a_run_starting_under_a_generation_the_group_left_never_runs() -> 
 
     assert rig.calls == []
     assert rig.io.result_bytes() == []
+
+
+async def test_a_done_on_its_way_through_a_pause_is_not_published() -> None:
+    # The effector stood still while its Done record was on its way (the flush): the partition
+    # may have moved, and its owner answers the intent from what it restores. A result
+    # published now could differ from the owner's answer: nothing is published.
+    rig = make_rig()
+    paused = False
+
+    def pause_during_the_done_flush() -> None:
+        nonlocal paused
+        paused = paused or any(isinstance(v, bytes) and b"done" in v for v in rig.table.values())
+
+    rig.io.on_flush = pause_during_the_done_flush
+    rig.handler.run_watch = lambda: lambda: paused
+
+    with pytest.raises(Superseded):
+        await rig.deliver(intent())
+
+    assert len(rig.calls) == 1, "the tool ran before the pause"
+    assert rig.io.result_bytes() == []
+    [record] = rig.table.values()
+    assert msgspec.msgpack.decode(record)["state"] == "done"

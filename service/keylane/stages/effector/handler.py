@@ -76,6 +76,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from keylane import metrics
@@ -152,6 +153,15 @@ def _never() -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What one intent's job read as it started: the owner epoch its claim writes carry, and
+    whether the effector has stood still past its session timeout since (``run_watch``)."""
+
+    epoch: int
+    stood_still: Callable[[], bool]
+
+
 class IntentHandler:
     """The effector's per-intent logic (module docstring), free of Faust."""
 
@@ -200,7 +210,7 @@ class IntentHandler:
     async def handle(self, message: Any) -> None:
         """Steps 1-6 of the module docstring for one agent.intents record (a consumer
         message: topic, partition, offset, key, value, headers)."""
-        epoch = self.epoch()  # read as the job starts: see service/keylane/kafka/epochs.py
+        job = _Job(self.epoch(), self.run_watch())  # read as the job starts: kafka/epochs.py
         key: bytes | None = message.key
         if key is not None:
             home = expected_partition(key, self.partitions)
@@ -235,9 +245,9 @@ class IntentHandler:
                     await self.io.publish(emit)
                     return
                 log.warning("intent %s is %s; executed (permissive mode)", intent.intent_id, verdict)
-        await self._answer(intent, epoch)
+        await self._answer(intent, job)
 
-    async def _answer(self, intent: ToolIntent, epoch: int) -> None:
+    async def _answer(self, intent: ToolIntent, job: _Job) -> None:
         """Steps 4-6: claim, settle or run, record Done, publish."""
         runnable = check(intent, self.registry)
         spec = runnable.spec if isinstance(runnable, Runnable) else None
@@ -252,13 +262,13 @@ class IntentHandler:
                 now_ms=self.clock(),
                 lease_ms=lease_ms,
                 expires_at_ms=intent.expires_at_ms,
-                epoch=epoch,
+                epoch=job.epoch,
             )
             if isinstance(outcome, Done):
                 metrics.EFFECTOR_REPUBLISHED.inc()
                 # Found in the local store, its changelog record may never have reached Kafka
                 # (a kill -9 between the two): written again, so the next owner restores Done.
-                await self._record(intent, outcome.result, epoch)
+                await self._record(intent, outcome.result, job)
                 await self._publish(intent, outcome.result)
                 return
             if not isinstance(outcome, InFlight):
@@ -266,21 +276,21 @@ class IntentHandler:
             await self._wait_out(intent, outcome)
         if isinstance(outcome, Expired):
             await self._finish(
-                intent, result_of(intent, "EXPIRED", error="intent expired before execution"), epoch
+                intent, result_of(intent, "EXPIRED", error="intent expired before execution"), job
             )
             return
         if isinstance(runnable, ToolResult):
-            await self._finish(intent, runnable, epoch)  # REJECTED: nothing can run
+            await self._finish(intent, runnable, job)  # REJECTED: nothing can run
             return
         if isinstance(outcome, InDoubt):
             settled = await self._settle(intent, runnable.spec, outcome)
             if settled is not None:
-                await self._finish(intent, settled, epoch)
+                await self._finish(intent, settled, job)
                 return
         await self.io.flush()  # the claim is durable before the side effect happens
         budget_ms = self._budget_ms(intent)
         if budget_ms <= 0:
-            await self._finish(intent, result_of(intent, "EXPIRED", error=self._too_late(intent)), epoch)
+            await self._finish(intent, result_of(intent, "EXPIRED", error=self._too_late(intent)), job)
             return
         metrics.EFFECTOR_EXECUTIONS.inc()
         stood_still = self.run_watch()
@@ -297,7 +307,7 @@ class IntentHandler:
                 intent.tool,
             )
             raise Superseded(f"intent {intent.intent_id}")
-        await self._finish(intent, result, epoch)
+        await self._finish(intent, result, job)
 
     def _budget_ms(self, intent: ToolIntent) -> int:
         """How long a run may take and still be over ``expiry_margin_ms`` before the expiry."""
@@ -396,7 +406,7 @@ class IntentHandler:
         log.warning("intent %s: %s", intent.intent_id, error)
         return result_of(intent, "ERROR", error=error)
 
-    async def _finish(self, intent: ToolIntent, result: ToolResult, epoch: int) -> None:
+    async def _finish(self, intent: ToolIntent, result: ToolResult, job: _Job) -> None:
         """Sign, record Done (the bytes every redelivery republishes), publish."""
         encoded = encode(self.keyring.sign(result))
         if self.result_limit is not None and len(encoded) > self.result_limit:
@@ -409,15 +419,27 @@ class IntentHandler:
             log.warning("intent %s: %s", intent.intent_id, error)
             result = result_of(intent, "ERROR", error=error)
             encoded = encode(self.keyring.sign(result))
-        await self._record(intent, encoded, epoch)
+        await self._record(intent, encoded, job)
         await self._publish(intent, encoded)
         metrics.EFFECTOR_INTENTS.labels(result.status).inc()
 
-    async def _record(self, intent: ToolIntent, result: bytes, epoch: int) -> None:
+    async def _record(self, intent: ToolIntent, result: bytes, job: _Job) -> None:
         """Write Done and wait until Kafka has its changelog record: a result reaches
-        agent.results only once its Done survives the loss of this effector's volume."""
-        self.claims.complete(intent.intent_id, result, now_ms=self.clock(), epoch=epoch)
+        agent.results only once its Done survives the loss of this effector's volume.
+
+        Superseded, and nothing published, when the effector stood still past its session
+        timeout since the job started: its partition may have moved, and the next owner
+        answers the intent from what it restores (this Done, or the claim, in doubt), so
+        the intent never gets two different answers."""
+        self.claims.complete(intent.intent_id, result, now_ms=self.clock(), epoch=job.epoch)
         await self.io.flush()
+        if job.stood_still():
+            log.warning(
+                "intent %s: the effector stood still while its Done was on its way; not publishing "
+                "its result (the partition's owner answers it)",
+                intent.intent_id,
+            )
+            raise Superseded(f"intent {intent.intent_id}")
 
     async def _publish(self, intent: ToolIntent, result: bytes) -> None:
         await self.io.publish(
