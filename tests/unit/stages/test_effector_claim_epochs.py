@@ -43,12 +43,13 @@ def test_a_record_written_before_epochs_reads_as_epoch_zero() -> None:
 
 async def test_the_handler_writes_the_epoch_read_as_its_job_started() -> None:
     rig = make_rig()
-    generations = iter([4, 5])
-    rig.handler.epoch = lambda: next(generations)
+    generation = [4]
+    rig.handler.epoch = lambda: generation[0]
     await rig.deliver(intent())
     record = stored(rig.table)
     assert (record.state, record.epoch) == ("done", 4)
     assert rig.io.results()[0].status == "OK" and len(rig.calls) == 1
+    generation[0] = 5
     await rig.deliver(intent(), offset=1)  # a copy, under the next generation: republished
     assert stored(rig.table).epoch == 5 and len(rig.calls) == 1
 

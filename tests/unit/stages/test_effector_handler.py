@@ -763,3 +763,58 @@ async def test_a_done_on_its_way_through_a_pause_is_not_published() -> None:
     assert rig.io.result_bytes() == []
     [record] = rig.table.values()
     assert msgspec.msgpack.decode(record)["state"] == "done"
+
+
+class Pauses:
+    """PauseWatch's rule (service/keylane/kafka/pauses.py) on a fake clock: a watch taken when a
+    job starts says it stood still once a long pause ended after that, or when the job's
+    generation is one a pause fenced. The consumer reads generation -1 once it noticed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.resumed_at = -1.0
+        self.fenced: set[int] = set()
+        self.generation = 3
+
+    def watch(self) -> Callable[[], bool]:
+        since, epoch = self.now, self.generation
+        return lambda: self.resumed_at > since or epoch in self.fenced
+
+    def stand_still(self) -> None:
+        self.now += 15.0
+        self.fenced.add(self.generation)
+        self.resumed_at = self.now
+        self.generation = -1  # evicted: the heartbeat after the pause reset it
+        self.now += 0.1
+
+
+async def test_a_job_that_stood_still_before_its_run_never_runs_the_tool() -> None:
+    # Found by the pause chaos with two effectors: the claim's flush was on its way when the
+    # effector stood still; its successor, which never saw the claim, ran the tool; thawed,
+    # this job ran it again, as a watch taken at the run read the consumer's generation -1,
+    # which no pause fenced. The job's own start decides.
+    rig = make_rig()
+    pauses = Pauses()
+    rig.handler.run_watch = pauses.watch
+    rig.handler.epoch = lambda: pauses.generation
+    rig.io.on_flush = lambda: pauses.stand_still() if pauses.generation >= 0 else None
+
+    with pytest.raises(Superseded):
+        await rig.deliver(intent())
+
+    assert rig.calls == [], "the tool never ran"
+    assert rig.io.result_bytes() == []
+    [claim] = rig.table.values()
+    assert msgspec.msgpack.decode(claim)["state"] == "claimed"
+
+
+async def test_a_job_whose_group_generation_changed_before_its_run_never_runs_the_tool() -> None:
+    rig = make_rig()
+    generation = [3]
+    rig.handler.epoch = lambda: generation[0]
+    rig.io.on_flush = lambda: generation.__setitem__(0, 4)  # a rebalance while the claim flushed
+
+    with pytest.raises(Superseded):
+        await rig.deliver(intent())
+
+    assert rig.calls == [] and rig.io.result_bytes() == []

@@ -201,8 +201,8 @@ class IntentHandler:
         self.intent_signatures = intent_signatures
         self.revoking = revoking
         self.run_watch = run_watch
-        """Called as a run starts; what it returns says, once the run ended, whether the
-        effector stood still past its session timeout meanwhile (service/keylane/kafka/pauses.py)."""
+        """Called as a job starts; what it returns says, whenever asked, whether the effector
+        stood still past its session timeout since then (service/keylane/kafka/pauses.py)."""
         self.epoch = epoch
         """The effector's owner epoch now (its consumer group generation), read as a job starts:
         the claims it writes carry it (claims.py)."""
@@ -292,12 +292,15 @@ class IntentHandler:
         if budget_ms <= 0:
             await self._finish(intent, result_of(intent, "EXPIRED", error=self._too_late(intent)), job)
             return
-        metrics.EFFECTOR_EXECUTIONS.inc()
-        stood_still = self.run_watch()
-        if stood_still():  # started under a generation the group left: no effect on its behalf
+        if job.stood_still() or not self._still_in(job):
+            # The job started before the effector stood still past its session timeout, or the
+            # group left the generation it started in: the partition may have moved, and its
+            # owner settles the claim. Checked against the job's start, not the run's: once the
+            # consumer noticed its eviction it reads generation -1, which no pause fenced.
             raise Superseded(f"intent {intent.intent_id}")
+        metrics.EFFECTOR_EXECUTIONS.inc()
         result = await run(intent, runnable, default_timeout_s=self.tool_timeout_s, budget_s=budget_ms / 1000)
-        if stood_still():
+        if job.stood_still():
             # The process stood still past its session timeout while the tool ran: a timeout
             # it reports is the pause's, and its partition may have moved. Nothing is recorded:
             # the claim's lease runs out and the next attempt settles the intent in doubt.
@@ -308,6 +311,11 @@ class IntentHandler:
             )
             raise Superseded(f"intent {intent.intent_id}")
         await self._finish(intent, result, job)
+
+    def _still_in(self, job: _Job) -> bool:
+        """Whether the effector is still a member of the group generation ``job`` started in."""
+        generation = self.epoch()
+        return generation >= 0 and generation == job.epoch
 
     def _budget_ms(self, intent: ToolIntent) -> int:
         """How long a run may take and still be over ``expiry_margin_ms`` before the expiry."""

@@ -227,8 +227,8 @@ class Effector:
             log.warning("rewrote %s claims whose last changelog record was a former owner's", healed)
 
     def _run_watch(self) -> Callable[[], bool]:
-        """For a run starting now: whether the effector stood still past its session timeout
-        before it ended, or it started under a generation held before such a pause."""
+        """For a job starting now: whether the effector stood still past its session timeout
+        since, or the job started under a generation held before such a pause."""
         started, epoch = time.monotonic(), group_generation(self.app)
         return partial(self.pauses.interrupted, started, epoch)
 
