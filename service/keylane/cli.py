@@ -758,7 +758,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.handler is None:
         parser, metavar, subcommands = args.choose_from
         parser.error(f"missing {metavar}: one of {', '.join(subcommands.choices)}")
-    if args.command in ("topics", "approve", "approvals", "errors"):
+    if args.command in ("topics", "approve", "approvals", "errors", "inspect", "cancel", "pause", "resume"):
         # The admin client logs each failed connection attempt; the one-line error below
         # says the same thing with the fix, so keep its noise off the terminal.
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)

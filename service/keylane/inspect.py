@@ -19,8 +19,9 @@ from keylane.catalog import EVENTS, Catalog
 from keylane.cells import MemoryEntry, encoded_size
 from keylane.config import Settings
 from keylane.core.state import KeyState, UnreadableState, decode_state, epoch_of, state_changelog
+from keylane.errors import KeylaneError
 from keylane.kafka.partitioner import expected_partition
-from keylane.kafka.topic_reader import TopicRecord, read_to_end
+from keylane.kafka.topic_reader import TopicRecord, partition_ids, read_to_end
 from keylane.keys import unshard_key
 
 
@@ -40,13 +41,22 @@ async def inspect_keys(settings: Settings, catalog: Catalog, key: str, *, logica
     """The state of ``key`` (a physical key), or with ``logical`` of every shard ``key#i``
     found in the changelog (none when the key was never sharded or has no state yet)."""
     partitions = catalog[EVENTS].partitions  # the changelog is co-partitioned with the inputs
+    changelog = state_changelog(settings.app_id)
+    try:
+        await partition_ids(settings, changelog)  # read_to_end would wait on a missing topic
+    except LookupError:
+        raise KeylaneError(
+            f"{changelog} does not exist on {settings.bootstrap_servers}: no worker of app id "
+            f"{settings.app_id!r} has written state there; check KEYLANE_APP_ID (--app-id) and "
+            "KEYLANE_TOPIC_PREFIX (--topic-prefix)"
+        ) from None
     if logical:
-        records = await read_to_end(settings, state_changelog(settings.app_id))
+        records = await read_to_end(settings, changelog)
         found = {r.key for r in records if r.key and _is_shard_of(r.key, key.encode())}
         shards = sorted(found, key=_shard_number)
         return [_restore(shard.decode(), [r for r in records if r.key == shard]) for shard in shards]
     partition = expected_partition(key.encode(), partitions)
-    records = await read_to_end(settings, state_changelog(settings.app_id), partitions=[partition])
+    records = await read_to_end(settings, changelog, partitions=[partition])
     view = _restore(key, [r for r in records if r.key == key.encode()])
     return [view if view.offset is not None else KeyView(key, partition, None, None)]
 

@@ -79,3 +79,26 @@ async def test_inspect_shows_a_plain_and_a_sharded_keys_memory_and_bookkeeping(
     assert {s["key"]: s["memory"]["events"]["items"] for s in shards} == expected
     assert [s["key"] for s in shards] == sorted(expected)
     assert inspect(settings, shards[0]["key"]) == [shards[0]]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["inspect", "k"],
+        ["inspect", "k", "--logical"],
+        ["pause", "k", "--operator", "ann", "--reason", "r"],
+        ["resume", "k", "--shards", "2", "--operator", "ann", "--reason", "r"],
+    ],
+)
+def test_an_app_id_no_worker_ran_under_gets_one_line_not_a_wait(
+    settings: Settings, command: list[str]
+) -> None:
+    app_id = f"{settings.app_id}-never-ran"
+    done = keylane_cli(settings, *command, KEYLANE_APP_ID=app_id)
+    changelog = f"{app_id}-keylane-state-changelog"
+    assert done.returncode == 1 and done.stdout == "", done.stdout[-2000:]
+    assert done.stderr.splitlines() == [
+        f"keylane: {changelog} does not exist on {settings.bootstrap_servers}: no worker of app id "
+        f"{app_id!r} has written state there; check KEYLANE_APP_ID (--app-id) and KEYLANE_TOPIC_PREFIX "
+        "(--topic-prefix)"
+    ], done.stderr[-2000:]
