@@ -18,7 +18,9 @@ from typing import Any
 from keylane.catalog import EVENTS, Catalog
 from keylane.cells import MemoryEntry, encoded_size
 from keylane.config import Settings
-from keylane.core.state import KeyState, UnreadableState, decode_state, epoch_of, state_changelog
+from keylane.core.key_states import KeyStates
+from keylane.core.pages import is_page_key, page_owner
+from keylane.core.state import KeyState, UnreadableState, epoch_of, state_changelog
 from keylane.errors import KeylaneError
 from keylane.kafka.partitioner import expected_partition
 from keylane.kafka.topic_reader import TopicRecord, partition_ids, read_to_end
@@ -54,11 +56,20 @@ async def inspect_keys(settings: Settings, catalog: Catalog, key: str, *, logica
         records = await read_to_end(settings, changelog)
         found = {r.key for r in records if r.key and _is_shard_of(r.key, key.encode())}
         shards = sorted(found, key=_shard_number)
-        return [_restore(shard.decode(), [r for r in records if r.key == shard]) for shard in shards]
+        return [_restore(shard.decode(), _of_key(records, shard)) for shard in shards]
     partition = expected_partition(key.encode(), partitions)
     records = await read_to_end(settings, changelog, partitions=[partition])
-    view = _restore(key, [r for r in records if r.key == key.encode()])
+    view = _restore(key, _of_key(records, key.encode()))
     return [view if view.offset is not None else KeyView(key, partition, None, None)]
+
+
+def _of_key(records: list[TopicRecord], key: bytes) -> list[TopicRecord]:
+    """The changelog records of ``key``: its state records and its memory pages."""
+    return [r for r in records if r.key == key or (r.key is not None and _page_of(r.key, key))]
+
+
+def _page_of(stored: bytes, key: bytes) -> bool:
+    return is_page_key(stored) and page_owner(stored)[0] == key
 
 
 def _is_shard_of(physical: bytes, logical: bytes) -> bool:
@@ -73,27 +84,38 @@ def _shard_number(physical: bytes) -> int:
 
 
 def _restore(key: str, records: list[TopicRecord]) -> KeyView:
-    """The key's records in changelog order, applied as a restore applies them."""
-    chosen: TopicRecord | None = None
-    epoch = -1
+    """The key's records (state records and memory pages) in changelog order, applied as a
+    restore applies them: the epoch fence per table key."""
+    restored: dict[bytes, tuple[TopicRecord | None, int]] = {}
     skipped = 0
     for record in records:
+        assert record.key is not None
+        chosen, epoch = restored.get(record.key, (None, -1))
         if record.value is None:  # a tombstone: the key's state was deleted
-            chosen, epoch = None, -1
+            restored[record.key] = (None, -1)
             continue
         written = epoch_of(record.value)
         if written is not None and written < epoch:
-            skipped += 1
+            skipped += not is_page_key(record.key)
             continue
-        chosen, epoch = record, written if written is not None else epoch
+        restored[record.key] = (record, written if written is not None else epoch)
+    chosen = restored.get(key.encode(), (None, -1))[0]
     partition = records[0].partition if records else -1
     if chosen is None:
         return KeyView(key, partition, None, None, late_writes_skipped=skipped)
     try:
-        state = decode_state(chosen.value)
+        state = KeyStates(lambda k: _value(restored.get(k)), _read_only).read(key.encode())
     except UnreadableState as exc:
         return KeyView(key, partition, chosen.offset, None, unreadable=str(exc), late_writes_skipped=skipped)
     return KeyView(key, partition, chosen.offset, state, late_writes_skipped=skipped)
+
+
+def _value(restored: tuple[TopicRecord | None, int] | None) -> bytes | None:
+    return restored[0].value if restored is not None and restored[0] is not None else None
+
+
+def _read_only(key: bytes, value: bytes) -> None:
+    raise AssertionError("inspect writes nothing")
 
 
 def summary(view: KeyView, *, now_ms: int) -> dict[str, Any]:

@@ -1,8 +1,10 @@
 """The chaos tests' agent: a per-key counter with one side effect per event.
 
-Each new event increments the key's ``count`` in memory, remembers the event id, asks the
-model once, stages ``record_effect`` {key, event, count} and suspends; the ToolResult resumes
-it and it completes with {key, event, count, seq, status, intent_id}. Model calls go to
+Each new event increments the key's ``count`` in memory, remembers the event id (with
+COUNTER_BALLAST_BYTES set, every other key also keeps that much ballast, so its memory is
+paged, and rewrites one piece of it per event), asks the model once, stages
+``record_effect`` {key, event, count} and suspends; the ToolResult resumes it and it
+completes with {key, event, count, seq, status, intent_id}. Model calls go to
 LLM_LEDGER and tool executions to TOOL_LEDGER (one fsynced JSON line each), so what happened
 survives kill -9 and can be counted across processes. The tool is what a side effect that
 must not repeat should be: it takes the intent id, and its reconcile hook tells the effector
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,20 @@ from keylane import (
 from tests.agents.flow import LedgeredLLM, append_ledger
 
 TOOL = "record_effect"
+BALLAST_ENTRIES = 20
+PAGED_BALLAST_BYTES = 24 * 1024
+"""What the chaos runs set COUNTER_BALLAST_BYTES to: enough to page a key's memory."""
+
+
+def ballast_bytes() -> int:
+    """COUNTER_BALLAST_BYTES (0 when unset): the memory a ballasted key keeps besides its
+    counter, so that its memory is paged (over 16 KiB: service/keylane/core/pages.py)."""
+    return int(os.environ.get("COUNTER_BALLAST_BYTES", "0"))
+
+
+def ballasted(key: str) -> bool:
+    """Every other key carries the ballast, so a chaos run attacks paged and inline memory."""
+    return zlib.crc32(key.encode()) % 2 == 0
 
 
 def make_provider() -> LedgeredLLM:
@@ -91,6 +108,13 @@ async def agent(ctx: ActivationContext) -> Complete | Suspend:
     count = int(ctx.memory.get("count", 0)) + 1
     ctx.memory.set("count", count)
     ctx.memory.append("events", event)
+    ballast = ballast_bytes()
+    if ballast and ballasted(ctx.entity_key.decode()):
+        # Filled at the key's first event, then one entry rewritten per event: the pages an
+        # activation writes hold the counter and one piece of ballast.
+        size = ballast // BALLAST_ENTRIES
+        for index in range(BALLAST_ENTRIES) if count == 1 else (count % BALLAST_ENTRIES,):
+            ctx.memory.set(f"ballast-{index}", f"{event}:{index}:".ljust(size, "."))
     await ctx.call_model(LlmRequest(model_id="fake", messages=[event]))
     key = ctx.entity_key.decode()
     ctx.act(TOOL, json.dumps({"key": key, "event": event, "count": count}, sort_keys=True))

@@ -20,6 +20,7 @@ import pytest
 
 from keylane.catalog import EVENTS, Catalog
 from keylane.config import Settings
+from tests.agents.counter import PAGED_BALLAST_BYTES
 from tests.chaos.harness import (
     VARIANTS,
     PacedKcat,
@@ -62,7 +63,12 @@ async def test_kill_9_chaos_keeps_exactly_once_in_effect(
     )
     print(header, flush=True)
     tool_ledger, llm_ledger = tmp_path / "tools.jsonl", tmp_path / "llm.jsonl"
-    env = process_env(settings, TOOL_LEDGER=str(tool_ledger), LLM_LEDGER=str(llm_ledger))
+    env = process_env(
+        settings,
+        TOOL_LEDGER=str(tool_ledger),
+        LLM_LEDGER=str(llm_ledger),
+        COUNTER_BALLAST_BYTES=str(PAGED_BALLAST_BYTES),  # every other key's memory is paged
+    )
     processes = counter_processes(env, tmp_path, config_ref=variant.config_ref, tool_timeout_s=TOOL_TIMEOUT_S)
     supervisor = Supervisor(processes)
     started = time.monotonic()

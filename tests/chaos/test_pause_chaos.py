@@ -43,9 +43,11 @@ import pytest
 
 from keylane.catalog import EVENTS, Catalog
 from keylane.config import Settings
-from keylane.core.state import decode_state
+from keylane.core.pages import UnreadablePage, assembled, is_page_key
+from keylane.core.state import PagedKeyState, decode_state, epoch_of
 from keylane.kafka.topic_reader import TopicRecord, read_to_end
 from keylane.stages.agent import STATE_TABLE
+from tests.agents.counter import PAGED_BALLAST_BYTES
 from tests.chaos.harness import (
     EndState,
     PacedKcat,
@@ -161,6 +163,7 @@ async def test_a_worker_stopped_past_its_session_timeout_is_fenced_when_it_resum
         TOOL_LEDGER=str(tmp_path / "tools.jsonl"),
         LLM_LEDGER=str(tmp_path / "llm.jsonl"),
         FAKE_LLM_LATENCY_MS=LLM_LATENCY_MS,
+        COUNTER_BALLAST_BYTES=str(PAGED_BALLAST_BYTES),  # every other key's memory is paged
     )
     session_s = float(env["KEYLANE_SESSION_TIMEOUT_S"])
     faults = schedule(seed, pauses=_PAUSES, kills=_KILLS, session_s=session_s)
@@ -315,8 +318,15 @@ def _changelog_never_goes_back(
     (a former owner's late write, docs/runtime.md): those are counted, not compared."""
     last: dict[str, tuple[int, int, list[str], TopicRecord]] = {}
     epochs: dict[str, int] = {}
+    pages: dict[bytes, tuple[bytes, int]] = {}  # a paged key's memory pages, fenced alike
     skipped = 0
+    paged_records = 0
     for record in changelog:
+        if record.key is not None and is_page_key(record.key) and record.value is not None:
+            epoch = epoch_of(record.value) or 0
+            if epoch >= pages.get(record.key, (b"", 0))[1]:
+                pages[record.key] = (record.value, epoch)
+            continue
         key = (record.key or b"").decode(errors="replace")
         if record.value is None:
             found.add(
@@ -331,6 +341,16 @@ def _changelog_never_goes_back(
             continue
         epochs[key] = state.epoch
         memory = state.memory.entries
+        if isinstance(state, PagedKeyState):
+            paged_records += 1
+            try:
+                memory, _ = assembled(state.pages, record.key or b"", lambda k: pages.get(k, (None, 0))[0])
+            except UnreadablePage as exc:
+                found.add(
+                    "zombie: a state record names memory pages the changelog does not hold",
+                    f"{key} at p{record.partition}@{record.offset}: {exc}",
+                )
+                continue
         count = int(memory["count"].value) if "count" in memory else 0
         events = [str(e) for e in memory["events"].value] if "events" in memory else []
         before = last.get(key)
@@ -343,6 +363,9 @@ def _changelog_never_goes_back(
         last[key] = (count, state.seq, events, record)
     found.figures["changelog_records"] = len(changelog)
     found.figures["changelog_late_writes_a_restore_skips"] = skipped
+    found.figures["changelog_paged_state_records"] = paged_records
+    if not paged_records:
+        found.add("the run paged no key's memory", "COUNTER_BALLAST_BYTES did not reach the workers")
     for key, want in sorted(expected.items()):
         if key not in last:
             found.add("zombie: state changelog ends without the key", key)

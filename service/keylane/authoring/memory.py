@@ -72,10 +72,16 @@ class Memory:
         hard_cap_bytes: int = MEMORY_HARD_CAP_BYTES,
         room_bytes: int | Callable[[], int] | None = None,
         on_soft_cap: Callable[[int], None] | None = None,
+        total_bytes: int | None = None,
     ) -> None:
         self._entries: dict[str, MemoryEntry] = dict(blob.entries)
-        self._sizes = {key: _key_size(key) + encoded_size(e.value) for key, e in self._entries.items()}
-        self._total = sum(self._sizes.values())
+        # An entry's size is measured when a write or a delete needs it: a large memory comes
+        # with its total (``total_bytes``, kept beside paged memory), and measuring every
+        # entry would encode all of it on every activation.
+        self._sizes: dict[str, int] = {}
+        if total_bytes is None:
+            total_bytes = sum(self._size_of(key) for key in self._entries)
+        self._total = total_bytes
         self._now_ms = now_ms
         self._hard_cap = hard_cap_bytes
         self._room_given = room_bytes
@@ -83,6 +89,8 @@ class Memory:
         self._on_soft_cap = on_soft_cap
         self._warned = False
         self.dirty = False
+        self.changed: set[str] = set()
+        """The names written, touched or deleted: the entries the commit replaces."""
 
     @property
     def _room(self) -> int | None:
@@ -114,9 +122,11 @@ class Memory:
     def delete(self, key: str) -> None:
         """Remove ``key``; nothing happens when it is absent."""
         if key in self._entries:
+            self._total -= self._size_of(key)
             del self._entries[key]
-            self._total -= self._sizes.pop(key)
+            del self._sizes[key]
             self.dirty = True
+            self.changed.add(key)
 
     def append(self, key: str, item: Any, *, max_items: int = DEFAULT_RING_ITEMS) -> None:
         """Append to the ring under ``key``, keeping its newest ``max_items`` items."""
@@ -151,16 +161,17 @@ class Memory:
             entry = MemoryEntry(value=entry.value, ring=entry.ring, last_access_ms=self._now_ms)
             self._entries[key] = entry
             self.dirty = True
+            self.changed.add(key)
         return entry
 
     def _write(self, key: str, entry: MemoryEntry) -> None:
         size = _key_size(key) + encoded_size(entry.value)
-        projected = self._total - self._sizes.get(key, 0) + size
+        projected = self._total - self._size_of(key) + size
         if self._over(key, projected):
             before = (dict(self._entries), dict(self._sizes), self._total, self.dirty)
             cap = self._hard_cap if self._room is None else min(self._hard_cap, self._room)
             self._compact(keep=key, target=cap // 2)
-            projected = self._total - self._sizes.get(key, 0) + size
+            projected = self._total - self._size_of(key) + size
             if self._over(key, projected):
                 # The write fails as a whole: the entries compaction dropped come back, so an
                 # agent that catches MemoryOverflow and goes on commits its memory intact.
@@ -173,11 +184,22 @@ class Memory:
         self._total = projected
         self._sizes[key] = size
         self.dirty = True
+        self.changed.add(key)
         if self._total >= self._soft_cap and not self._warned:
             self._warned = True
             log.warning("memory at %s bytes, over the soft cap of %s", self._total, self._soft_cap)
             if self._on_soft_cap is not None:
                 self._on_soft_cap(self._total)
+
+    def _size_of(self, key: str) -> int:
+        """What ``key``'s entry counts for (0 when absent), measured once."""
+        size = self._sizes.get(key)
+        if size is None:
+            entry = self._entries.get(key)
+            if entry is None:
+                return 0
+            size = self._sizes[key] = _key_size(key) + encoded_size(entry.value)
+        return size
 
     def _over(self, key: str, projected: int) -> bool:
         """Whether memory holding ``projected`` bytes (with ``key`` written) breaks a cap."""

@@ -82,6 +82,7 @@ from keylane.core.state import (
     Continuation,
     IntentKind,
     KeyState,
+    PagedKeyState,
     Paused,
     PendingIntent,
     UnencodableState,
@@ -436,6 +437,7 @@ class KeyRuntime:
             hard_cap_bytes=MEMORY_HARD_CAP_BYTES,
             room_bytes=memory_room,
             on_soft_cap=soft_cap_hit.append,
+            total_bytes=state.pages.memory_bytes if isinstance(state, PagedKeyState) else None,
         )
         ctx = ActivationContext(
             event=event,
@@ -566,6 +568,13 @@ class KeyRuntime:
             pending=pending,
             settled_intents=_kept_settled(state.settled_intents, settled),
         )
+        if isinstance(next_state, PagedKeyState):
+            layout = struct_replace(
+                next_state.pages,
+                memory_bytes=ctx.memory.total_bytes,
+                dirty=next_state.pages.dirty | ctx.memory.changed,
+            )
+            next_state = struct_replace(next_state, pages=layout)
         return _Committed(next_state, emits)
 
     async def _on_timer(

@@ -45,10 +45,15 @@ this code reads:
   with epoch 0, below every epoch a v4 worker writes);
 * 5: ``paused`` and ``held`` (fields with defaults). Only a paused key's blob, or one with
   held inputs, says version 5: every other blob says 4, which a version 4 keylane reads (it
-  ignores the two fields at their defaults), so rolling back strands only paused keys.
+  ignores the two fields at their defaults), so rolling back strands only paused keys;
+* 6: ``pages`` (PagedKeyState): the key's memory is in memory pages beside the record
+  (service/keylane/core/pages.py) and its ``memory`` cell is empty. Only a key whose memory
+  outgrew PAGED_FROM_BYTES is written so: a version 5 keylane refuses such a blob instead of
+  reading it as a key without memory.
 
-The whole blob must fit in one changelog record: the runtime checks every state it commits
-against the key's limit (see service/keylane/core/activation.py, ``KeyRuntime.state_limit``).
+Apart from paged memory, the whole blob must fit in one changelog record: the runtime checks
+every state it commits against the key's limit (see service/keylane/core/activation.py,
+``KeyRuntime.state_limit``).
 """
 
 from __future__ import annotations
@@ -58,12 +63,14 @@ from typing import Literal
 import msgspec
 
 from keylane.cells import MemoryBlob, encoded_size
+from keylane.core.pages import PAGED_FROM_BYTES, PageLayout, buckets_for, new_layout
 from keylane.errors import Fatal, KeylaneError
 from keylane.records import InputRecord
 from keylane.wire import AgentEnvelope, TimerKind, decode
 
-STATE_SCHEMA_VERSION = 5
+STATE_SCHEMA_VERSION = 6
 UNPAUSED_SCHEMA_VERSION = 4
+PAUSED_SCHEMA_VERSION = 5
 """The version a blob without a pause says (see the module docstring)."""
 SETTLED_INTENTS_KEPT = 128
 
@@ -238,6 +245,15 @@ class KeyState(msgspec.Struct, kw_only=True):
     was paused, in arrival order; run when it is resumed."""
 
 
+class PagedKeyState(KeyState, kw_only=True):
+    """A key's state whose memory is in pages (service/keylane/core/pages.py): its record holds
+    every cell but memory, and ``pages`` says where memory is. Read back, ``memory`` holds the
+    entries the pages hold (keylane.core.key_states), and an activation keeps
+    ``pages.memory_bytes`` up to date; the slots are chosen when the state is written."""
+
+    pages: PageLayout
+
+
 class _VersionProbe(msgspec.Struct):
     state_schema_version: int = 0
 
@@ -248,6 +264,8 @@ class _EpochProbe(msgspec.Struct):
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(KeyState)
+_paged_decoder = msgspec.msgpack.Decoder(PagedKeyState)
+_NO_MEMORY = MemoryBlob()
 _probe = msgspec.msgpack.Decoder(_VersionProbe)
 _epoch_probe = msgspec.msgpack.Decoder(_EpochProbe)
 
@@ -262,18 +280,42 @@ def epoch_of(blob: bytes) -> int | None:
 
 
 def schema_version_of(state: KeyState) -> int:
-    """The version ``state``'s blob says: the current one for a paused key or one with held
-    inputs, else UNPAUSED_SCHEMA_VERSION (what an older keylane still reads)."""
-    return STATE_SCHEMA_VERSION if state.paused is not None or state.held else UNPAUSED_SCHEMA_VERSION
+    """The version ``state``'s blob says: the current one for a key with paged memory,
+    PAUSED_SCHEMA_VERSION for a paused key or one with held inputs, else
+    UNPAUSED_SCHEMA_VERSION (what an older keylane still reads)."""
+    if isinstance(state, PagedKeyState):
+        return STATE_SCHEMA_VERSION
+    return PAUSED_SCHEMA_VERSION if state.paused is not None or state.held else UNPAUSED_SCHEMA_VERSION
 
 
 def encode_state(state: KeyState) -> bytes:
     """The blob committed to the table for one key, in the newest schema version its content
-    needs (``schema_version_of``; a state decoded from an older blob is written back so)."""
+    needs (``schema_version_of``; a state decoded from an older blob is written back so). A
+    paged state's blob leaves its memory to its pages."""
     version = schema_version_of(state)
     if state.state_schema_version != version:
         state = msgspec.structs.replace(state, state_schema_version=version)
+    if isinstance(state, PagedKeyState):  # the record: no memory, and no staged ``dirty``
+        pages = state.pages
+        layout = PageLayout(buckets=pages.buckets, slots=pages.slots, memory_bytes=pages.memory_bytes)
+        state = msgspec.structs.replace(state, memory=_NO_MEMORY, pages=layout)
     return _encoder.encode(state)
+
+
+def memory_bytes(memory: MemoryBlob) -> int:
+    """The size of a MEMORY cell as the Memory facade counts it: its keys and values."""
+    return sum(len(name.encode()) + encoded_size(entry.value) for name, entry in memory.entries.items())
+
+
+def paged(state: KeyState, layout: PageLayout) -> PagedKeyState:
+    """``state`` with its memory kept in pages laid out as ``layout``."""
+    fields = {name: getattr(state, name) for name in KeyState.__struct_fields__}
+    return PagedKeyState(**fields, pages=layout)
+
+
+def unpaged(state: PagedKeyState) -> KeyState:
+    """``state`` (whose memory is empty) written as one record again."""
+    return KeyState(**{name: getattr(state, name) for name in KeyState.__struct_fields__})
 
 
 def decode_state(blob: bytes | None) -> KeyState:
@@ -290,7 +332,7 @@ def decode_state(blob: bytes | None) -> KeyState:
             "deploy the newer keylane"
         )
     try:
-        return _decoder.decode(blob)
+        return (_paged_decoder if version == STATE_SCHEMA_VERSION else _decoder).decode(blob)
     except msgspec.DecodeError as exc:
         raise CorruptState(f"state blob does not decode: {exc}") from exc
 
@@ -301,8 +343,21 @@ def seal(state: KeyState, limit: int) -> tuple[KeyState, bytes] | None:
 
     The cache is the one cell that is safe to lose (a dropped entry costs at most one repeated
     model call); memory, outbox, queued events and bookkeeping are never trimmed here.
+
+    Memory of PAGED_FROM_BYTES or more is paged (a PagedKeyState: ``blob`` is its record
+    without memory, and keylane.core.key_states writes its pages); memory emptied goes back
+    into the record. Paged memory is bounded by the room the Memory facade gives it, which is
+    what the record leaves.
     """
+    if isinstance(state, PagedKeyState) and not state.memory.entries:
+        state = unpaged(state)
     blob = encode_state(state)
+    if len(blob) > PAGED_FROM_BYTES and not isinstance(state, PagedKeyState):
+        size = memory_bytes(state.memory)
+        if size >= PAGED_FROM_BYTES:
+            _readable(blob)  # the memory as it was staged, values included, reads back
+            state = paged(state, new_layout(buckets_for(size), size))
+            blob = encode_state(state)
     if len(blob) <= limit:
         return state, _readable(blob)
     cache = list(state.llm_cache)  # most recently used last
@@ -321,7 +376,8 @@ def _readable(blob: bytes) -> bytes:
     """``blob`` once it decodes as a KeyState again (UnencodableState if not).
 
     The encoder writes whatever Python value a field holds; only the decoder checks types. A
-    blob committed unchecked could fail every later input of its key, on every worker."""
+    blob committed unchecked could fail every later input of its key, on every worker. (Paged
+    memory's values are checked as the Memory facade takes them.)"""
     try:
         _decoder.decode(blob)
     except msgspec.ValidationError as exc:

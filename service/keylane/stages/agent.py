@@ -41,6 +41,7 @@ from keylane.authoring.api import AgentConfig
 from keylane.catalog import APPROVALS, CONTROL, EVENTS, EVENTS_SHARDED, RESULTS, TIMERS, Catalog
 from keylane.core.activation import KeyRuntime
 from keylane.core.apply import apply_decision
+from keylane.core.key_states import KeyStates, entity_items
 from keylane.core.lanes import (
     WINDOW_PER_IN_FLIGHT,
     KeyLanes,
@@ -49,7 +50,7 @@ from keylane.core.lanes import (
     Superseded,
     leave_slot,
 )
-from keylane.core.state import STATE_TABLE, IntentKind, KeyState, decode_state, epoch_of
+from keylane.core.state import STATE_TABLE, IntentKind, epoch_of
 from keylane.core.timers import TimerIndex, due_timers
 from keylane.kafka.app import App, log_end, on_rebalance_complete, on_shutdown, recovery_completed
 from keylane.kafka.delivery import RecordTooLarge, confirming, track_changelog
@@ -104,6 +105,9 @@ class AgentProcessor:
             STATE_TABLE, default=None, partitions=self.partitions, key_type=bytes, value_type=bytes
         )
         track_changelog(self.table)  # a state write counts as produced only once Kafka has it
+        # The store itself for reads, not the table: the table's own get looks a key up twice
+        # (a contains check for its default, then the read), once per record.
+        self.states = KeyStates(self.table.data.get, self.table.__setitem__)
         self.fence = EpochFence(self.table, epoch_of, owns=owns_partition(app, catalog.name(events)))
         self.fence.install()  # a restore never takes a former owner's late write over its successor's
         # ... nor starts past records a former owner wrote while this worker was away
@@ -185,9 +189,9 @@ class AgentProcessor:
             if forged is not None:
                 await self.publisher.publish(self._forged(record, forged))
                 return
-        decision = await self.runtime.handle(record, self._state_of)
+        decision = await self.runtime.handle(record, self.states.read)
         self._check_still_owner(record, started)
-        for emit in apply_decision(self.table, self.timers, key, decision):
+        for emit in apply_decision(self.states, self.timers, key, decision):
             await self.publisher.publish(emit)
 
     async def _stop_lanes(self) -> None:
@@ -213,7 +217,7 @@ class AgentProcessor:
                 log.warning("rewrote %s keys whose last changelog record was a former owner's", healed)
             # A blob that does not read quarantines its key instead of failing the whole
             # rebuild (which would fail it again on every worker the partition moves to).
-            self.timers.rebuild(self.runtime.quarantine.readable(self.table.items()))
+            self.timers.rebuild(self.runtime.quarantine.readable(entity_items(self.table.items())))
             log.info(
                 "timer index rebuilt: %s keys with timers, %s quarantined",
                 len(self.timers),
@@ -266,11 +270,6 @@ class AgentProcessor:
         return error_emit(
             replace(record, origin=None), "forged_origin", detail, now_ms=self.runtime.clock(), entity_key=key
         )
-
-    def _state_of(self, key: bytes) -> KeyState:
-        # The store itself, not the table: the table's own get looks a key up twice (a
-        # contains check for its default, then the read), once per record.
-        return decode_state(self.table.data.get(key))
 
     def _log_end(self, message: Any) -> int | None:
         """The consumer's high watermark of the record's partition (None when unknown): only a

@@ -33,7 +33,8 @@ from keylane.catalog import (
 from keylane.clock import Clock, wall_clock_ms
 from keylane.core.activation import Decision, KeyRuntime
 from keylane.core.apply import apply_decision
-from keylane.core.state import KeyState, decode_state
+from keylane.core.key_states import KeyStates
+from keylane.core.state import KeyState
 from keylane.core.timers import TimerIndex, due_timers
 from keylane.llm.types import Provider
 from keylane.records import Emit, InputRecord
@@ -78,6 +79,7 @@ class AgentHarness:
         self.runtime = KeyRuntime(agent, config or AgentConfig(), provider=provider, clock=clock)
         self.events_topic = events_topic
         self.store: dict[bytes, bytes] = {}
+        self.states = KeyStates(self.store.get, self.store.__setitem__)
         self.published: list[Emit] = []
         self._offsets: dict[str, Iterator[int]] = defaultdict(itertools.count)
         self.records: list[InputRecord] = []
@@ -116,7 +118,7 @@ class AgentHarness:
         """Deliver a record again (or for the first time), as Kafka does after a crash."""
         self.records.append(record)
         decision = await self.runtime.handle(record, self.state)
-        for emit in apply_decision(self.store, self.timers, record.key, decision):
+        for emit in apply_decision(self.states, self.timers, record.key, decision):
             self.runtime.on_published(emit.record_id)
             self.published.append(emit)
             self.runtime.on_delivered(emit.record_id)
@@ -131,8 +133,8 @@ class AgentHarness:
         return decisions
 
     def state(self, key: bytes) -> KeyState:
-        """The committed state of a key."""
-        return decode_state(self.store.get(key))
+        """The committed state of a key (its memory read from its pages, when paged)."""
+        return self.states.read(key)
 
     def outputs(self) -> list[tuple[bytes, bytes]]:
         """(physical key, output) of every Complete, in publication order."""

@@ -6,7 +6,9 @@ import msgspec
 import pytest
 
 from keylane.cells import MemoryBlob, MemoryEntry
+from keylane.core.pages import PageLayout, decode_page, encode_page
 from keylane.core.state import (
+    PAUSED_SCHEMA_VERSION,
     STATE_SCHEMA_VERSION,
     UNPAUSED_SCHEMA_VERSION,
     ArmedTimer,
@@ -16,12 +18,14 @@ from keylane.core.state import (
     CorruptState,
     KeyState,
     OutboxRecord,
+    PagedKeyState,
     Paused,
     PendingIntent,
     StateFromTheFuture,
     decode_state,
     encode_state,
     epoch_of,
+    paged,
 )
 
 # The msgpack bytes of reference_state(1), written by schema version 1. Version 2 only added
@@ -165,7 +169,7 @@ GOLDEN_HEX = (
 )
 
 
-def reference_state(version: int = STATE_SCHEMA_VERSION) -> KeyState:
+def reference_state(version: int = PAUSED_SCHEMA_VERSION) -> KeyState:
     """A KeyState with every field (nested ones included) set away from its default; as
     schema ``version`` 1 wrote it, the fields version 2 added are left at their defaults.
     Version 3 added nothing, so reference_state(2) and reference_state(3) differ only in
@@ -255,11 +259,78 @@ def reference_state(version: int = STATE_SCHEMA_VERSION) -> KeyState:
     return state
 
 
+# The msgpack bytes of the reference state with its memory paged (version 6): a PagedKeyState
+# whose record leaves memory to its pages, and one of those pages.
+GOLDEN_V6_HEX = (
+    "8fb473746174655f736368656d615f76657273696f6e06a373657107a66d656d6f727981a7656e747269657380ac636f"
+    "6e74696e756174696f6e87a373657106aa737465705f696e64657803b270656e64696e675f696e74656e745f69647392"
+    "a8696e74656e742d61a8696e74656e742d62a8736e617073686f74c404736e6170af73757370656e6465645f61745f6d"
+    "73cd0bb8ab646561646c696e655f6d73cd0fa0ab657363616c6174696f6e7301a96c6c6d5f63616368659189a9636163"
+    "68655f6b6579a2636ba8726573706f6e7365c40472657370a6646967657374a26431aa637265617465645f6d73cd1388"
+    "ab6469676573745f6f6e6c79c3a86d6f64656c5f6964a666616b652d31ad70726f6d70745f746f6b656e730bb1636f6d"
+    "706c6574696f6e5f746f6b656e730ca473697a657ba770656e64696e6781a8696e74656e742d6184a9696e74656e745f"
+    "6964a8696e74656e742d61a4746f6f6ca6726566756e64a46b696e64a8617070726f76616cad657870697265735f6174"
+    "5f6d73cd1770a76170706c69656483b370726f642e6167656e742e6576656e74732f3229b470726f642e6167656e742e"
+    "726573756c74732f3209b370726f642e6167656e742e6576656e74732f3511a66f7574626f789188a97265636f72645f"
+    "6964a56f75742d31a5746f706963ac6167656e742e6572726f7273a36b6579c4036b2330a576616c7565c4027b7dac6f"
+    "726967696e5f746f706963ac6167656e742e6576656e7473ad6f726967696e5f6f666673657429a56c6162656cb06163"
+    "7469766174696f6e5f6572726f72ad6f726967696e5f73747265616db370726f642e6167656e742e6576656e74732f32"
+    "a862756666657265649186a576616c7565c4197b2276223a312c227061796c6f6164223a226c61746572227dac6f7269"
+    "67696e5f746f706963ac6167656e742e6576656e7473b36f726967696e5f62726f6b65725f746f706963b170726f642e"
+    "6167656e742e6576656e7473b06f726967696e5f706172746974696f6e02ad6f726967696e5f6f66667365742aa7636f"
+    "70795f6f6693b170726f642e6167656e742e6576656e74730512a674696d65727382a46869746c82ab646561646c696e"
+    "655f6d73cd2328a5746f6b656eab6869746c3a373a39303030a374746c82ab646561646c696e655f6d73ce003711a8a5"
+    "746f6b656ead74746c3a373a33363039303030af736574746c65645f696e74656e747391a8696e74656e742d7aa56570"
+    "6f63680ca670617573656484a86f70657261746f72a3616461a6726561736f6eac726566756e6473206c6f6f70a56174"
+    "5f6d73cd1f40aa636f6d6d616e645f6964a5636d642d31a468656c649186a576616c7565c4187b22696e74656e745f69"
+    "64223a22696e74656e742d61227dac6f726967696e5f746f706963ad6167656e742e726573756c7473b36f726967696e"
+    "5f62726f6b65725f746f706963b270726f642e6167656e742e726573756c7473b06f726967696e5f706172746974696f"
+    "6e02ad6f726967696e5f6f66667365740aa7636f70795f6f66c0a5706167657383a76275636b65747310a5736c6f7473"
+    "c4020580ac6d656d6f72795f627974657328"
+)
+GOLDEN_PAGE_HEX = (
+    "82a565706f63680ca7656e747269657382a46e616d6583a576616c7565a3616461a472696e67c2ae6c6173745f616363"
+    "6573735f6d73cd03e8a6726563656e7483a576616c75659301a374776fc40103a472696e67c3ae6c6173745f61636365"
+    "73735f6d73cd07d0"
+)
+
+
+def paged_reference_state() -> PagedKeyState:
+    layout = PageLayout(buckets=16, slots=b"\x05\x80", memory_bytes=40)
+    return paged(reference_state(STATE_SCHEMA_VERSION), layout)
+
+
 def test_the_reference_state_encodes_to_the_golden_bytes() -> None:
-    assert STATE_SCHEMA_VERSION == 5
+    assert STATE_SCHEMA_VERSION == 6
     assert encode_state(reference_state()).hex() == GOLDEN_HEX, (
         "the state encoding changed: bump STATE_SCHEMA_VERSION and add a migration"
     )
+
+
+def test_a_paged_state_encodes_to_the_golden_bytes_without_its_memory() -> None:
+    blob = encode_state(paged_reference_state())
+
+    assert blob.hex() == GOLDEN_V6_HEX, "the paged state encoding changed: bump STATE_SCHEMA_VERSION"
+    decoded = decode_state(blob)
+    assert isinstance(decoded, PagedKeyState)
+    assert decoded.state_schema_version == 6
+    assert decoded.memory.entries == {}  # read from the pages (keylane.core.key_states)
+    assert msgspec.structs.replace(decoded, memory=reference_state().memory) == paged_reference_state()
+    assert [decoded.pages.slot(b) for b in range(16)] == [1, 0, 1] + [0] * 12 + [1]
+    assert epoch_of(blob) == 12
+
+
+def test_a_memory_page_encodes_to_the_golden_bytes() -> None:
+    entries = reference_state().memory.entries
+    assert encode_page(entries, 12).hex() == GOLDEN_PAGE_HEX
+    assert decode_page(bytes.fromhex(GOLDEN_PAGE_HEX), "0/0") == entries
+    assert epoch_of(bytes.fromhex(GOLDEN_PAGE_HEX)) == 12  # the fence reads a page's epoch too
+
+
+def test_a_version_5_keylane_refuses_a_paged_blob() -> None:
+    """A keylane that does not know pages must not read a paged key as one without memory."""
+    version = msgspec.msgpack.decode(bytes.fromhex(GOLDEN_V6_HEX), type=_Version4Reader).state_schema_version
+    assert version > 5
 
 
 def test_the_golden_bytes_decode_to_the_reference_state() -> None:
@@ -296,7 +367,7 @@ def test_only_a_paused_blob_says_version_5_and_a_version_4_keylane_reads_the_oth
     assert (old.state_schema_version, old.seq, old.epoch) == (4, 7, 12)
     assert decode_state(blob) == unpaused
 
-    assert decode_state(bytes.fromhex(GOLDEN_HEX)).state_schema_version == 5
+    assert decode_state(bytes.fromhex(GOLDEN_HEX)).state_schema_version == PAUSED_SCHEMA_VERSION
     held_only = msgspec.structs.replace(unpaused, held=reference_state(5).held)
     assert decode_state(encode_state(held_only)).state_schema_version == 5
 

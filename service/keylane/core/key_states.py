@@ -1,0 +1,197 @@
+"""Reading and writing keys' states in a table, paged memory included: a state record, and for
+a key whose memory is paged (service/keylane/core/pages.py) the pages it changed, written
+before the record that names them.
+
+The decoded memory of recently used paged keys is kept (``KeyStates.cache_bytes``), checked
+against the state record it came with: reading a paged key reads its record and, unless the
+record is the one the kept memory came with, every page it names. The record is enough to
+tell: its pages are never written over while it is a key's record (a writer uses the other
+slot), and every activation writes a new record (its applied offsets, at least).
+
+A write replaces the pages of the buckets whose entries the activations changed (the
+layout's ``dirty`` names, from the Memory facade), so its cost follows what changed, not how
+much the key holds: the names of each bucket are kept beside the memory.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from msgspec.structs import replace as struct_replace
+
+from keylane.cells import MemoryBlob, MemoryEntry
+from keylane.core.pages import (
+    GROW_AT_PAGE_BYTES,
+    MAX_BUCKETS,
+    Names,
+    PageLayout,
+    UnreadablePage,
+    assembled,
+    bucket_of,
+    buckets_for,
+    encode_page,
+    flipped,
+    is_page_key,
+    names_by_bucket,
+    page_key,
+)
+from keylane.core.state import CorruptState, KeyState, PagedKeyState, decode_state, encode_state
+
+CACHE_BYTES = 64 * 1024 * 1024
+"""Memory (as the Memory facade counts it) of the paged keys a worker keeps decoded."""
+
+
+@dataclass
+class _Kept:
+    record: bytes
+    entries: dict[str, MemoryEntry]
+    layout: PageLayout
+    names: Names
+
+
+class KeyStates:
+    """One table's key states: ``get`` and ``put`` read and write the table's raw values."""
+
+    def __init__(
+        self,
+        get: Callable[[bytes], bytes | None],
+        put: Callable[[bytes, bytes], None],
+        *,
+        cache_bytes: int = CACHE_BYTES,
+    ) -> None:
+        self._get = get
+        self._put = put
+        self.cache_bytes = cache_bytes
+        self._kept: OrderedDict[bytes, _Kept] = OrderedDict()
+        self._kept_bytes = 0
+
+    def read(self, key: bytes) -> KeyState:
+        """``key``'s committed state, its memory read from its pages when they hold it
+        (CorruptState when a page it names is missing or does not decode)."""
+        record = self._get(key)
+        state = decode_state(record)
+        if not isinstance(state, PagedKeyState):
+            return state
+        assert record is not None
+        kept = self._kept.get(key)
+        if kept is not None and kept.record == record:
+            self._kept.move_to_end(key)
+        else:
+            try:
+                entries, names = assembled(state.pages, key, self._get)
+            except UnreadablePage as exc:
+                raise CorruptState(f"the key's memory does not read: {exc}") from None
+            kept = self._keep(key, _Kept(record, entries, state.pages, names))
+        return struct_replace(state, memory=MemoryBlob(entries=kept.entries))
+
+    def write(self, key: bytes, state: KeyState, record: bytes | None = None) -> int:
+        """Commit ``state`` for ``key`` (``record``: its blob, when the runtime sealed it):
+        the pages it changed, then its record. Returns the bytes written."""
+        if not isinstance(state, PagedKeyState):
+            record = record if record is not None else encode_state(state)
+            self._put(key, record)
+            self._forget(key)
+            return len(record)
+        layout, pages, names = self._pages(key, state)
+        written = 0
+        for bucket, blob in pages.items():
+            self._put(page_key(key, bucket, layout.slot(bucket)), blob)
+            written += len(blob)
+        record = encode_state(struct_replace(state, pages=layout))
+        self._put(key, record)
+        self._keep(key, _Kept(record, state.memory.entries, layout, names))
+        return written + len(record)
+
+    def _pages(self, key: bytes, state: PagedKeyState) -> tuple[PageLayout, dict[int, bytes], Names]:
+        """The layout ``state`` is written in, the pages to write (bucket: encoded page), each
+        into the slot the committed record does not name, and the names by bucket."""
+        entries = state.memory.entries
+        staged = state.pages
+        size = staged.memory_bytes
+        record = self._get(key)
+        kept = self._kept.get(key)
+        if kept is None or kept.record != record:
+            committed = decode_state(record)
+            old = committed.pages if isinstance(committed, PagedKeyState) else None
+            names = None
+        else:
+            old, names = kept.layout, kept.names
+        if old is None:  # no page is named: every bucket starts in slot 0
+            fresh = _layout(staged.buckets, bytes((staged.buckets + 7) // 8), size)
+            return fresh, *_every_page(entries, fresh, state)
+        if (staged.buckets, staged.slots) != (old.buckets, old.slots):
+            # Not staged from the committed record: replace every page it names.
+            return _rewritten(entries, old, old.buckets, size, state)
+        # The kept names change only once the write is done: copy the buckets it touches.
+        names = names_by_bucket(entries, old.buckets) if names is None else dict(names)
+        changed: set[int] = set()
+        for name in staged.dirty:
+            bucket = bucket_of(name, old.buckets)
+            if bucket not in changed:
+                changed.add(bucket)
+                names[bucket] = set(names[bucket])
+            if name in entries:
+                names[bucket].add(name)
+            else:
+                names[bucket].discard(name)
+        pages = {
+            bucket: encode_page({name: entries[name] for name in names[bucket]}, state.epoch)
+            for bucket in changed
+        }
+        wanted = min(MAX_BUCKETS, max(old.buckets, buckets_for(size)), _pow2_at_most(len(entries)))
+        if wanted > old.buckets and any(len(blob) > GROW_AT_PAGE_BYTES for blob in pages.values()):
+            return _rewritten(entries, old, wanted, size, state)
+        return _layout(old.buckets, flipped(old.slots, changed), size), pages, names
+
+    def _keep(self, key: bytes, kept: _Kept) -> _Kept:
+        self._forget(key)
+        self._kept[key] = kept
+        self._kept_bytes += kept.layout.memory_bytes
+        while self._kept_bytes > self.cache_bytes and len(self._kept) > 1:
+            _, oldest = self._kept.popitem(last=False)
+            self._kept_bytes -= oldest.layout.memory_bytes
+        return kept
+
+    def _forget(self, key: bytes) -> None:
+        kept = self._kept.pop(key, None)
+        if kept is not None:
+            self._kept_bytes -= kept.layout.memory_bytes
+
+
+def _layout(buckets: int, slots: bytes, memory_bytes: int) -> PageLayout:
+    return PageLayout(buckets=buckets, slots=slots, memory_bytes=memory_bytes)
+
+
+def _pow2_at_most(n: int) -> int:
+    return 1 << max(1, n.bit_length() - 1)
+
+
+def _every_page(
+    entries: dict[str, MemoryEntry], layout: PageLayout, state: KeyState
+) -> tuple[dict[int, bytes], Names]:
+    names = names_by_bucket(entries, layout.buckets)
+    pages = {
+        bucket: encode_page({name: entries[name] for name in members}, state.epoch)
+        for bucket, members in names.items()
+    }
+    return pages, names
+
+
+def _rewritten(
+    entries: dict[str, MemoryEntry], old: PageLayout, buckets: int, size: int, state: KeyState
+) -> tuple[PageLayout, dict[int, bytes], Names]:
+    """Every page of a layout of ``buckets`` (at least ``old``'s): a bucket ``old`` names goes
+    to its other slot, a new one to slot 0 (no record names it)."""
+    slots = bytearray((buckets + 7) // 8)
+    for bucket in range(old.buckets):
+        if not old.slot(bucket):
+            slots[bucket >> 3] |= 1 << (bucket & 7)
+    layout = _layout(buckets, bytes(slots), size)
+    return layout, *_every_page(entries, layout, state)
+
+
+def entity_items(items: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+    """The (key, state record) pairs among a table's items, without its memory pages."""
+    return ((key, value) for key, value in items if not is_page_key(key))
