@@ -24,7 +24,6 @@ from msgspec.structs import replace as struct_replace
 from keylane.cells import MemoryBlob, MemoryEntry
 from keylane.core.pages import (
     GROW_AT_PAGE_BYTES,
-    MAX_BUCKETS,
     Names,
     PageLayout,
     UnreadablePage,
@@ -140,7 +139,7 @@ class KeyStates:
             bucket: encode_page({name: entries[name] for name in names[bucket]}, state.epoch)
             for bucket in changed
         }
-        wanted = min(MAX_BUCKETS, max(old.buckets, buckets_for(size)), _pow2_at_most(len(entries)))
+        wanted = buckets_for(size, len(entries))
         if wanted > old.buckets and any(len(blob) > GROW_AT_PAGE_BYTES for blob in pages.values()):
             return _rewritten(entries, old, wanted, size, state)
         return _layout(old.buckets, flipped(old.slots, changed), size), pages, names
@@ -162,10 +161,6 @@ class KeyStates:
 
 def _layout(buckets: int, slots: bytes, memory_bytes: int) -> PageLayout:
     return PageLayout(buckets=buckets, slots=slots, memory_bytes=memory_bytes)
-
-
-def _pow2_at_most(n: int) -> int:
-    return 1 << max(1, n.bit_length() - 1)
 
 
 def _every_page(

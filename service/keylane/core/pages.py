@@ -107,11 +107,14 @@ def bucket_of(name: str, buckets: int) -> int:
     return _name_hash(name) & (buckets - 1)
 
 
-def buckets_for(memory_bytes: int) -> int:
-    """The bucket count for memory of ``memory_bytes``: a power of two, about one bucket per
-    PAGE_TARGET_BYTES, at least 2 and at most MAX_BUCKETS."""
+def buckets_for(memory_bytes: int, entries: int) -> int:
+    """The bucket count for ``entries`` entries of ``memory_bytes`` in all: a power of two,
+    about one bucket per PAGE_TARGET_BYTES but no more than there are entries (more would
+    only add empty pages), at least 2 and at most MAX_BUCKETS."""
     wanted = max(2, -(-memory_bytes // PAGE_TARGET_BYTES))
-    return min(MAX_BUCKETS, 1 << (wanted - 1).bit_length())
+    by_size = 1 << (wanted - 1).bit_length()
+    by_entries = 1 << max(1, entries.bit_length() - 1)
+    return min(MAX_BUCKETS, by_size, by_entries)
 
 
 def new_layout(buckets: int, memory_bytes: int) -> PageLayout:

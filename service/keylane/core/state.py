@@ -356,7 +356,7 @@ def seal(state: KeyState, limit: int) -> tuple[KeyState, bytes] | None:
         size = memory_bytes(state.memory)
         if size >= PAGED_FROM_BYTES:
             _readable(blob)  # the memory as it was staged, values included, reads back
-            state = paged(state, new_layout(buckets_for(size), size))
+            state = paged(state, new_layout(buckets_for(size, len(state.memory.entries)), size))
             blob = encode_state(state)
     if len(blob) <= limit:
         return state, _readable(blob)
