@@ -21,7 +21,13 @@ an app's input topics:
   the ledger seeks a partition back (a gap, a resumed pause), a record of an earlier fetch
   batch moved it past the re-read and the re-read was dropped, stalling the partition for
   good. For governed topics the loop sees no read offset (``_UnfilteredReadOffsets``); the
-  ledger drops duplicates itself.
+  ledger drops duplicates itself. The same holds for the app's table changelogs: a worker
+  that stood still past its session timeout fetches its standby partitions' new records as
+  it resumes, the rebalance throws them away queued, and the restore that seeks back
+  (service/keylane/kafka/restore_start.py) had its re-read dropped, so the standby store
+  missed those records while its offset said it had them, and the worker that took the
+  partition over ran its keys on state that went back (found by the pause chaos with paged
+  memory). Faust's recovery drops what it has applied already by its own offsets.
 
 Wrapped per app instance (``watch_cleared_queues``, installed by ``guard_offsets``):
 
@@ -117,15 +123,18 @@ check_patchable(PATCHED)
 
 
 class _UnfilteredReadOffsets(defaultdict[Any, int | None]):
-    """Faust's read offsets, reading as None for governed topics so its fetch loop drops
-    nothing there (see the module docstring); writes and other topics are Faust's as before."""
+    """Faust's read offsets, reading as None for governed topics and table changelogs so its
+    fetch loop drops nothing there (see the module docstring); writes and other topics are
+    Faust's as before."""
 
-    def __init__(self, guard: OffsetGuard, offsets: Mapping[Any, int | None]) -> None:
+    def __init__(self, guard: OffsetGuard | None, tables: Any, offsets: Mapping[Any, int | None]) -> None:
         super().__init__(lambda: None, offsets)
         self._guard = guard
+        self._tables = tables
 
     def __getitem__(self, tp: Any) -> int | None:
-        if self._guard.governs(tp.topic):
+        governed = self._guard is not None and self._guard.governs(tp.topic)
+        if governed or tp.topic in self._tables.changelog_topics:
             return None
         return super().__getitem__(tp)
 
@@ -147,9 +156,8 @@ def wrap_faust_consumer(guard_of: Callable[[Any], OffsetGuard | None]) -> None:
     drain_messages = FaustConsumer._drain_messages
 
     async def drain_unfiltered(self: Any, fetcher: Any) -> None:
-        guard = guard_of(self.app)
-        if guard is not None and not isinstance(self._read_offset, _UnfilteredReadOffsets):
-            self._read_offset = _UnfilteredReadOffsets(guard, self._read_offset)
+        if not isinstance(self._read_offset, _UnfilteredReadOffsets):
+            self._read_offset = _UnfilteredReadOffsets(guard_of(self.app), self.app.tables, self._read_offset)
         await drain_messages(self, fetcher)
 
     async def seek_to_committed_and_keep(self: Any) -> Any:

@@ -95,7 +95,7 @@ def test_the_mark_never_passes_an_offset_that_was_not_processed(delivered: list[
     assert processed == list(range(start, start + len(processed))), "admitted strictly in order"
 
 
-def test_faust_s_fetch_loop_sees_no_read_offset_on_governed_topics() -> None:
+def test_faust_s_fetch_loop_sees_no_read_offset_on_governed_topics_and_changelogs() -> None:
     """Faust drops fetched records below its read offset, which its fetcher advances ahead of
     processing; after a seek back that dropped the re-read and stalled the partition. The
     ledger admits in order itself, so governed topics read as having no read offset."""
@@ -108,10 +108,24 @@ def test_faust_s_fetch_loop_sees_no_read_offset_on_governed_topics() -> None:
 
     guard = OffsetGuard(SimpleNamespace())
     guard.topics.add("t.agent.results")
-    offsets = _UnfilteredReadOffsets(guard, {TP("t.agent.results", 0): 7, TP("other", 0): 7})
+    tables = SimpleNamespace(changelog_topics={"app-keylane-state-changelog"})
+    offsets = _UnfilteredReadOffsets(
+        guard,
+        tables,
+        {TP("t.agent.results", 0): 7, TP("other", 0): 7, TP("app-keylane-state-changelog", 0): 7},
+    )
     offsets[TP("t.agent.results", 1)] = 9  # Faust's set_read_offset still works
 
     assert offsets[TP("t.agent.results", 0)] is None
     assert offsets[TP("t.agent.results", 1)] is None
     assert offsets[TP("other", 0)] == 7
     assert offsets[TP("other", 1)] is None  # still a defaultdict for Faust's own topics
+    # A table changelog too: a standby's restore that seeks back re-reads what it fetched
+    # before a rebalance threw it away (service/keylane/kafka/patches.py).
+    assert offsets[TP("app-keylane-state-changelog", 0)] is None
+    assert (
+        _UnfilteredReadOffsets(None, tables, {TP("app-keylane-state-changelog", 1): 3})[
+            TP("app-keylane-state-changelog", 1)
+        ]
+        is None
+    )
