@@ -148,7 +148,8 @@ class Memory:
         return tuple(entry.value)
 
     def keys(self) -> Iterator[str]:
-        """Keys in memory, in insertion order."""
+        """Keys in memory, in insertion order (page by page for a memory over 16 KiB, which
+        is stored in pages: docs/runtime.md)."""
         return iter(list(self._entries))
 
     def to_blob(self) -> MemoryBlob:
