@@ -33,3 +33,8 @@ _encoder = msgspec.msgpack.Encoder()
 def encoded_size(value: Any) -> int:
     """Bytes of one value (a memory value, a cell, a cell's entry) as the state blob stores it."""
     return len(_encoder.encode(value))
+
+
+def entry_bytes(name: str, value: Any) -> int:
+    """What one memory entry counts for against the caps: its name and its encoded value."""
+    return len(name.encode()) + encoded_size(value)

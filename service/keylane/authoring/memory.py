@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from keylane.cells import MemoryBlob, MemoryEntry, encoded_size
+from keylane.cells import MemoryBlob, MemoryEntry, encoded_size, entry_bytes
 from keylane.errors import KeylaneError
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ class Memory:
         return entry
 
     def _write(self, key: str, entry: MemoryEntry) -> None:
-        size = _key_size(key) + encoded_size(entry.value)
+        size = entry_bytes(key, entry.value)
         projected = self._total - self._size_of(key) + size
         if self._over(key, projected):
             before = (dict(self._entries), dict(self._sizes), self._total, self.dirty)
@@ -199,7 +199,7 @@ class Memory:
             entry = self._entries.get(key)
             if entry is None:
                 return 0
-            size = self._sizes[key] = _key_size(key) + encoded_size(entry.value)
+            size = self._sizes[key] = entry_bytes(key, entry.value)
         return size
 
     def _over(self, key: str, projected: int) -> bool:
@@ -223,10 +223,6 @@ class Memory:
 
 
 _CELL_OVERHEAD_BYTES = 16  # the cell's "entries" name and map headers
-
-
-def _key_size(key: str) -> int:
-    return len(key.encode())
 
 
 _SCALARS = (type(None), bool, int, float, str, bytes)

@@ -64,7 +64,6 @@ from keylane.catalog import (
     RESULTS,
     TIMERS,
 )
-from keylane.cells import MemoryBlob
 from keylane.clock import Clock, wall_clock_ms
 from keylane.core.outbox import (
     Deliveries,
@@ -77,6 +76,7 @@ from keylane.core.outbox import (
 from keylane.core.quarantine import Quarantine
 from keylane.core.replay_cache import ReplayCache
 from keylane.core.state import (
+    NO_MEMORY,
     SETTLED_INTENTS_KEPT,
     BufferedEvent,
     Continuation,
@@ -428,7 +428,7 @@ class KeyRuntime:
 
         def memory_room() -> int:
             """Memory shares the key's one changelog record with the rest of its state."""
-            rest = len(encode_state(struct_replace(state, memory=_NO_MEMORY)))
+            rest = len(encode_state(struct_replace(state, memory=NO_MEMORY)))
             return max(0, self.state_limit(key) - rest)
 
         memory = Memory(
@@ -882,9 +882,6 @@ class KeyRuntime:
         detail = f"{why}:{intent_id}" if why == "intent_expired" else why
         emit = self._error(record, "orphaned_result", detail, entity_key=entity_key, intent_id=intent_id)
         return replace(emit, error_reason=None, orphan_detail=why)
-
-
-_NO_MEMORY = MemoryBlob()
 
 
 def _owned(state: KeyState, record: InputRecord) -> KeyState:

@@ -34,6 +34,7 @@ from keylane.core.pages import (
     flipped,
     is_page_key,
     names_by_bucket,
+    new_layout,
     page_key,
 )
 from keylane.core.state import CorruptState, KeyState, PagedKeyState, decode_state, encode_state
@@ -118,7 +119,7 @@ class KeyStates:
         else:
             old, names = kept.layout, kept.names
         if old is None:  # no page is named: every bucket starts in slot 0
-            fresh = _layout(staged.buckets, bytes((staged.buckets + 7) // 8), size)
+            fresh = new_layout(staged.buckets, size)
             return fresh, *_every_page(entries, fresh, state)
         if (staged.buckets, staged.slots) != (old.buckets, old.slots):
             # Not staged from the committed record: replace every page it names.
@@ -142,7 +143,8 @@ class KeyStates:
         wanted = buckets_for(size, len(entries))
         if wanted > old.buckets and any(len(blob) > GROW_AT_PAGE_BYTES for blob in pages.values()):
             return _rewritten(entries, old, wanted, size, state)
-        return _layout(old.buckets, flipped(old.slots, changed), size), pages, names
+        layout = PageLayout(buckets=old.buckets, slots=flipped(old.slots, changed), memory_bytes=size)
+        return layout, pages, names
 
     def _keep(self, key: bytes, kept: _Kept) -> _Kept:
         self._forget(key)
@@ -157,10 +159,6 @@ class KeyStates:
         kept = self._kept.pop(key, None)
         if kept is not None:
             self._kept_bytes -= kept.layout.memory_bytes
-
-
-def _layout(buckets: int, slots: bytes, memory_bytes: int) -> PageLayout:
-    return PageLayout(buckets=buckets, slots=slots, memory_bytes=memory_bytes)
 
 
 def _every_page(
@@ -179,11 +177,9 @@ def _rewritten(
 ) -> tuple[PageLayout, dict[int, bytes], Names]:
     """Every page of a layout of ``buckets`` (at least ``old``'s): a bucket ``old`` names goes
     to its other slot, a new one to slot 0 (no record names it)."""
-    slots = bytearray((buckets + 7) // 8)
-    for bucket in range(old.buckets):
-        if not old.slot(bucket):
-            slots[bucket >> 3] |= 1 << (bucket & 7)
-    layout = _layout(buckets, bytes(slots), size)
+    fresh = new_layout(buckets, size)
+    named = (bucket for bucket in range(old.buckets) if not old.slot(bucket))
+    layout = struct_replace(fresh, slots=flipped(fresh.slots, named))
     return layout, *_every_page(entries, layout, state)
 
 

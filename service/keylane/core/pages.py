@@ -135,19 +135,6 @@ def decode_page(blob: bytes | None, where: str) -> dict[str, MemoryEntry]:
         raise UnreadablePage(f"memory page {where} does not decode: {exc}") from None
 
 
-def grouped(
-    entries: dict[str, MemoryEntry], buckets: int, only: set[int] | None = None
-) -> dict[int, dict[str, MemoryEntry]]:
-    """``entries`` by bucket (every bucket of ``only``, even empty, or every bucket)."""
-    pages: dict[int, dict[str, MemoryEntry]] = {b: {} for b in (only if only is not None else range(buckets))}
-    mask = buckets - 1
-    for name, entry in entries.items():
-        page = pages.get(_name_hash(name) & mask)
-        if page is not None:
-            page[name] = entry
-    return pages
-
-
 Names = dict[int, set[str]]
 """The names of a memory's entries by bucket."""
 

@@ -62,7 +62,7 @@ from typing import Literal
 
 import msgspec
 
-from keylane.cells import MemoryBlob, encoded_size
+from keylane.cells import MemoryBlob, encoded_size, entry_bytes
 from keylane.core.pages import PAGED_FROM_BYTES, PageLayout, buckets_for, new_layout
 from keylane.errors import Fatal, KeylaneError
 from keylane.records import InputRecord
@@ -265,7 +265,8 @@ class _EpochProbe(msgspec.Struct):
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(KeyState)
 _paged_decoder = msgspec.msgpack.Decoder(PagedKeyState)
-_NO_MEMORY = MemoryBlob()
+NO_MEMORY = MemoryBlob()
+"""An empty MEMORY cell, for measuring or writing a state without its memory."""
 _probe = msgspec.msgpack.Decoder(_VersionProbe)
 _epoch_probe = msgspec.msgpack.Decoder(_EpochProbe)
 
@@ -298,13 +299,13 @@ def encode_state(state: KeyState) -> bytes:
     if isinstance(state, PagedKeyState):  # the record: no memory, and no staged ``dirty``
         pages = state.pages
         layout = PageLayout(buckets=pages.buckets, slots=pages.slots, memory_bytes=pages.memory_bytes)
-        state = msgspec.structs.replace(state, memory=_NO_MEMORY, pages=layout)
+        state = msgspec.structs.replace(state, memory=NO_MEMORY, pages=layout)
     return _encoder.encode(state)
 
 
 def memory_bytes(memory: MemoryBlob) -> int:
     """The size of a MEMORY cell as the Memory facade counts it: its keys and values."""
-    return sum(len(name.encode()) + encoded_size(entry.value) for name, entry in memory.entries.items())
+    return sum(entry_bytes(name, entry.value) for name, entry in memory.entries.items())
 
 
 def paged(state: KeyState, layout: PageLayout) -> PagedKeyState:
