@@ -111,8 +111,23 @@ class OffsetGuard:
         first record before this coroutine resumes. A partition the ledger did not know yet
         dropped it as unassigned, and with no later record to expose the gap it stalled for
         good. Anything delivered before the seek is read again after it.
+
+        Faust also seeks to committed within one assignment: its fetcher, finding flow
+        suspended after a fetch, drops the batch and seeks again (``Consumer.getmany``), while
+        the lanes may already run records admitted since the first seek. A partition the
+        ledger already holds (no revocation in between) reads on from its expected offset: a
+        second start at the committed offset would admit those records again, and their keys
+        would see them as redeliveries (a rerouted record would be copied twice).
         """
         tps = [tp for tp in consumer.assignment() if tp.topic in self.topics]
+        if not tps:
+            return
+        expected = {tp: self.ledger.expected((tp.topic, tp.partition)) for tp in tps}
+        held = {tp: offset for tp, offset in expected.items() if offset is not None}
+        if held:
+            await consumer.seek_wait(held)
+            log.info("positioned %s input partitions again, at the offsets they expect next", len(held))
+        tps = [tp for tp in tps if tp not in held]
         if not tps:
             return
         starts = {}
