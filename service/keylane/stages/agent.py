@@ -189,8 +189,12 @@ class AgentProcessor:
             if forged is not None:
                 await self.publisher.publish(self._forged(record, forged))
                 return
+        # Checked before the model runs too: a worker thawed after its session timeout fetches
+        # and starts new records before its pause watch or heartbeat has told it, and a job
+        # released at its write would have called the model for nothing.
+        self._check_still_owner(record, started, "unrun")
         decision = await self.runtime.handle(record, self.states.read)
-        self._check_still_owner(record, started)
+        self._check_still_owner(record, started, "unwritten")
         for emit in apply_decision(self.states, self.timers, key, decision):
             await self.publisher.publish(emit)
 
@@ -239,7 +243,7 @@ class AgentProcessor:
                     continue
                 metrics.TIMERS_SENT.labels(due.kind).inc()
 
-    def _check_still_owner(self, record: InputRecord, started: float) -> None:
+    def _check_still_owner(self, record: InputRecord, started: float, released: str) -> None:
         """Raise Superseded, before anything is written, when the record's partition may have
         a new owner: the process stood still past its session timeout since the job started,
         or the job's generation is one it held when it stood still
@@ -248,11 +252,12 @@ class AgentProcessor:
         generation = group_generation(self.app)
         if generation < 0 or generation != record.epoch or self.pauses.interrupted(started, record.epoch):
             log.warning(
-                "releasing %s/%s/%s unwritten: its partition may have moved since the job started "
+                "releasing %s/%s/%s %s: its partition may have moved since the job started "
                 "(generation %s, now %s)",
                 record.broker_topic,
                 record.partition,
                 record.offset,
+                released,
                 record.epoch,
                 generation,
             )
