@@ -28,8 +28,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeVar, get_args
 
-from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import disable_created_metrics
 
+from keylane.metric_types import Counter, Gauge, Histogram
 from keylane.records import OrphanDetail
 from keylane.wire import ErrorReason, KeyAction, TimerKind, ToolStatus
 

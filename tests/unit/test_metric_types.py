@@ -1,0 +1,68 @@
+"""keylane's lock-free metric types (service/keylane/metric_types.py) expose exactly what
+prometheus_client's own types expose for the same writes: bucket boundaries (an observation
+equal to a bound counts in that bound's bucket), +Inf, labelled children, and the errors
+prometheus_client raises."""
+
+from __future__ import annotations
+
+import random
+
+import prometheus_client
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from keylane import metric_types
+
+BUCKETS = (0.0001, 0.00025, 0.001, 0.5, 1.0, 60.0)
+
+
+Pair = tuple[CollectorRegistry, object, CollectorRegistry, object]
+
+
+def both(kind: str, *args: object, **kwargs: object) -> Pair:
+    """prometheus_client's metric and keylane's, each in a registry of its own."""
+    theirs, ours = CollectorRegistry(), CollectorRegistry()
+    return (
+        theirs,
+        getattr(prometheus_client, kind)(*args, registry=theirs, **kwargs),
+        ours,
+        getattr(metric_types, kind)(*args, registry=ours, **kwargs),
+    )
+
+
+def test_a_histogram_exposes_what_prometheus_clients_exposes() -> None:
+    theirs, reference, ours, metric = both("Histogram", "h_seconds", "h", ["kind"], buckets=BUCKETS)
+    rng = random.Random(7)
+    amounts = [*BUCKETS, 0.0, -1.0, 61.0, float("inf"), *(rng.uniform(0, 70) for _ in range(500))]
+    amounts += [rng.choice(BUCKETS) * rng.choice((0.999999, 1.0, 1.000001)) for _ in range(200)]
+    for amount in amounts:
+        for histogram in (reference, metric):
+            histogram.labels("start").observe(amount)  # type: ignore[attr-defined]
+            histogram.labels("resume").observe(amount / 2)  # type: ignore[attr-defined]
+    assert generate_latest(ours) == generate_latest(theirs)
+
+
+def test_a_counter_and_a_gauge_expose_what_prometheus_clients_expose() -> None:
+    theirs, reference, ours, metric = both("Counter", "c", "c", ["reason"])
+    g_theirs, g_reference, g_ours, g_metric = both("Gauge", "g", "g")
+    for n in range(100):
+        for counter in (reference, metric):
+            counter.labels(str(n % 3)).inc(n)  # type: ignore[attr-defined]
+        for gauge in (g_reference, g_metric):
+            gauge.inc(n)  # type: ignore[attr-defined]
+            gauge.dec(n / 3)  # type: ignore[attr-defined]
+    for gauge in (g_reference, g_metric):
+        gauge.set(4.5)  # type: ignore[attr-defined]
+    assert generate_latest(ours) == generate_latest(theirs)
+    assert generate_latest(g_ours) == generate_latest(g_theirs)
+
+
+def test_the_errors_are_prometheus_clients() -> None:
+    _, _, _, counter = both("Counter", "c", "c", ["reason"])
+    _, _, _, histogram = both("Histogram", "h", "h", ["kind"])
+    with pytest.raises(ValueError, match="missing label values"):
+        counter.inc()  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="missing label values"):
+        histogram.observe(1.0)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="non-negative"):
+        counter.labels("x").inc(-1)  # type: ignore[attr-defined]
