@@ -23,6 +23,7 @@ from keylane import metrics
 from keylane.catalog import EVENTS, Catalog
 from keylane.config import Settings
 from keylane.kafka.delivery import delivery_guard
+from keylane.kafka.patches import publish_without_stampede
 from keylane.kafka.topic_admin import admin_client, ensure_topic
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ def build_app(
     its agent (service/keylane/kafka/group_identity.py).
     """
     metrics.use_topic_prefix(settings.topic_prefix)
+    publish_without_stampede()  # see service/keylane/kafka/patches.py
     co_partitions = partitions or catalog[EVENTS].partitions
     replication = catalog[EVENTS]  # changelogs replicate like the topics they mirror
     app = faust.App(

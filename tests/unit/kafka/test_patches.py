@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import tomllib
 from pathlib import Path
 
@@ -33,3 +34,18 @@ def test_a_missing_attribute_fails_naming_the_installed_version_and_the_pinned_r
 def test_the_pinned_range_is_the_one_pyproject_pins() -> None:
     dependencies = tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]
     assert f"faust-streaming{patches.FAUST_PIN}" in dependencies
+
+
+async def test_a_publish_through_a_running_producer_does_not_wait_for_the_event_loop() -> None:
+    """mode's stampede wrapper around Faust's producer start awaited three turns of the event
+    loop on every send; with the producer running, the patched lookup returns it at once."""
+    patches.publish_without_stampede()
+    app = faust.App("publish-without-stampede", broker="kafka://127.0.0.1:1")
+    producer = app.producer
+    producer._started.set()  # what Faust's start sets; no broker needed to look the producer up
+    topic = app.topic("t")
+    turns: list[int] = []
+    asyncio.get_running_loop().call_soon(turns.append, 1)
+
+    assert await topic._get_producer() is producer
+    assert turns == [], "the lookup waited for the event loop"
