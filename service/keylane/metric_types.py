@@ -35,14 +35,8 @@ class _LoopValue(MutexValue):
         return self._value
 
 
-def _parent(metric: Any) -> bool:
-    """A labelled metric without its label values: prometheus_client raises on a write."""
-    return bool(metric._labelnames) and not metric._labelvalues
-
-
-def _unlocked(value: Any) -> Any:
+def _unlocked(value: Any) -> None:
     value.__class__ = _LoopValue  # same attributes: only the methods change
-    return value
 
 
 class Counter(prometheus_client.Counter):
@@ -51,8 +45,9 @@ class Counter(prometheus_client.Counter):
         _unlocked(self._value)
 
     def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
-        if amount < 0 or exemplar or _parent(self):
-            super().inc(amount, exemplar)  # prometheus_client raises or keeps the exemplar
+        # prometheus_client's own inc raises (negative, a labelled parent) or keeps the exemplar
+        if amount < 0 or exemplar or not self._is_observable():  # type: ignore[no-untyped-call]
+            super().inc(amount, exemplar)
             return
         self._value._value += amount
 
@@ -71,7 +66,8 @@ class Histogram(prometheus_client.Histogram):
             _unlocked(bucket)
 
     def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
-        if exemplar or amount != amount or _parent(self):  # prometheus_client's way: an exemplar, NaN
+        # prometheus_client's own observe for an exemplar, NaN (no bucket) or a labelled parent
+        if exemplar or amount != amount or not self._is_observable():  # type: ignore[no-untyped-call]
             super().observe(amount, exemplar)
             return
         self._sum._value += amount
