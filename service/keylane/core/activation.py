@@ -40,7 +40,6 @@ and 2); what it does then is service/keylane/core/timeouts.py.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -65,6 +64,7 @@ from keylane.catalog import (
     TIMERS,
 )
 from keylane.clock import Clock, wall_clock_ms
+from keylane.core.deadlines import ActivationDeadlines
 from keylane.core.outbox import (
     Deliveries,
     applied_offset,
@@ -189,6 +189,7 @@ class KeyRuntime:
         self.limiter = ProviderLimiter(config.rate_limit) if config.rate_limit else None
         self.deliveries = Deliveries()
         self.quarantine = Quarantine()
+        self.deadlines = ActivationDeadlines(config.activation_timeout_s)
 
     def on_published(self, record_id: str) -> None:
         """A record was handed to the producer; its outbox entry stays until delivery."""
@@ -462,7 +463,7 @@ class KeyRuntime:
         # Provider retries never wait past the activation's own deadline.
         deadline_token = CALL_DEADLINE.set(time.monotonic() + timeout_s)
         try:
-            async with asyncio.timeout(timeout_s) as deadline:
+            async with self.deadlines.timeout() as deadline:
                 outcome = await self.agent(ctx)
                 ctx.check_budget()  # an agent that caught BudgetExceeded still does not commit
         except BudgetExceeded as exc:
