@@ -8,9 +8,9 @@ It fails (exit 1) when:
 * hot_key_fanout N=4 is below 3.2x N=1 (seed 000's fan-out check);
 * any target of bench/targets.py is missed or was not measured: ratios measured in the same
   run (keylane against its peers, key lanes against their ideal, fan-out against N, one state
-  size against another), e2e latency, and keylane's own cost per activation against
-  bench/baseline.json (the one comparison with figures stored from an earlier run, on the
-  machine it names).
+  size against another), e2e latency, and keylane's own cost per activation against the
+  baseline commit's keylane, measured in the same run (bench/runtime_baseline.py; the figures
+  stored in bench/baseline.json only where the checkout lacks that commit).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from bench import names
 from bench.gate import evaluate
 from bench.harness import SPREAD_LIMIT, Result
 from bench.lanes import IDEAL_SHARE_OF_E2E
+from bench.runtime_baseline import RUNTIME_VS_BASELINE
 from bench.targets import TARGETS, e2e_to_peer, rate_of, ratio_of, sample_figure
 
 RECOVERY_PREFIX = "recovery_"  # bench/recovery.py's result names: recovery_<N>keys
@@ -78,6 +79,36 @@ def targets_table(results: dict[str, Result]) -> list[str]:
         measured, status = target.verdict(results)
         lines.append(f"| {target.label} | {target.goal} | {_fmt(measured, 2)} | {status} |")
     return lines
+
+
+def baseline_table(results: dict[str, Result]) -> list[str]:
+    """The baseline commit's keylane beside this tree's, pair by pair (bench/runtime_baseline.py)."""
+    result = results.get(RUNTIME_VS_BASELINE)
+    if result is None:
+        return ["_not measured_"]
+    extra = result.extra
+    commit = str(extra.get("baseline_commit", ""))[:12]
+    if "unavailable" in extra:
+        why = extra["unavailable"]
+        return [f"_baseline commit {commit} not measured: {why}; the targets use bench/baseline.json_"]
+    rows = [
+        "| pair | own cost, baseline (ms) | own cost, now (ms) | suspension p50, baseline (ms) | "
+        "suspension p50, now (ms) |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for index, (then, now) in enumerate(zip(extra["baseline"], extra["current"], strict=True), start=1):
+        suspension = (then["suspension_roundtrip_p50_ms"], now["suspension_roundtrip_p50_ms"])
+        rows.append(
+            f"| {index} | {_fmt(then['own_cost_ms'])} | {_fmt(now['own_cost_ms'])} | "
+            f"{_fmt(suspension[0], 4)} | {_fmt(suspension[1], 4)} |"
+        )
+    rows += [
+        "",
+        f"Baseline: keylane at {commit}, under this tree's harness, alternated with this tree's "
+        f"in subprocesses. Median ratios: own cost {_fmt(extra.get('own_cost_ratio'))}, suspension "
+        f"round trip {_fmt(extra.get('suspension_ratio'))}.",
+    ]
+    return rows
 
 
 def throughput_math(results: dict[str, Result]) -> list[str]:
@@ -395,6 +426,10 @@ def write_report(
         "## Targets",
         "",
         *targets_table(results),
+        "",
+        "## Own cost against the baseline commit, same run",
+        "",
+        *baseline_table(results),
         "",
         "## Gate",
         "",

@@ -26,6 +26,7 @@ from types import ModuleType
 from bench.harness import Recorder, Size, progress
 from bench.report import write_report
 from bench.runtime import run_runtime_benchmarks
+from bench.runtime_baseline import run_baseline_comparison
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,6 +65,7 @@ async def run(size: Size, out_dir: Path, report: Path) -> None:
 
     recorder = Recorder(out_dir, size=size)
     await run_runtime_benchmarks(recorder, size=size)
+    await run_baseline_comparison(recorder, size=size)
     with bench_broker("the broker benchmarks") as bootstrap:
         await run_broker_benchmarks(recorder, size=size, bootstrap=bootstrap)
         await run_lanes_benchmarks(recorder, size=size, bootstrap=bootstrap)

@@ -15,6 +15,7 @@ import pytest
 from bench import names, recovery
 from bench.gate import evaluate
 from bench.harness import REPETITIONS, load_results
+from bench.runtime_baseline import RUNTIME_VS_BASELINE, baseline_commit, has_commit
 from bench.state_growth import CELL_BYTES
 from keylane.core.pages import PAGED_FROM_BYTES
 from tests.broker import REPO
@@ -68,6 +69,14 @@ def test_smoke_run_reports_every_benchmark(kafka_bootstrap: str, tmp_path: Path)
             assert extra["changelog_records_per_activation"] >= 2, "its pages, then its record"
             assert extra["write_amplification"] <= 4, kib
     assert results[names.E2E_NOOP].samples, "e2e latency samples"
+    # The baseline commit's keylane, measured beside this tree's where the checkout has it.
+    same_run = results[RUNTIME_VS_BASELINE].extra
+    if has_commit(baseline_commit()):
+        (then,), (now,) = same_run["baseline"], same_run["current"]
+        assert then["package"] != now["package"] and now["package"].startswith(str(REPO))
+        assert same_run["suspension_ratio"] > 0
+    else:
+        assert same_run["unavailable"], "a shallow clone says why the targets use the stored figures"
     for keys in recovery.KEYS["smoke"]:
         extra = results[recovery.result_name(keys)].extra
         assert extra["keys"] == keys and extra["changelog_records"] >= keys

@@ -5,6 +5,7 @@ payloads spread evenly over its shards."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,14 @@ from bench import lanes, names
 from bench.broker import HOT_KEY, even_payloads
 from bench.gate import evaluate
 from bench.harness import Result
-from bench.report import targets_table
+from bench.report import baseline_table, targets_table
+from bench.runtime_baseline import (
+    RUNTIME_VS_BASELINE,
+    baseline_commit,
+    baseline_package,
+    compare,
+    has_commit,
+)
 from bench.targets import TARGETS, baseline
 from keylane.keys import shard_key
 from keylane.wire import AgentEnvelope, encode
@@ -36,6 +44,7 @@ def results_meeting_every_target() -> dict[str, Result]:
         samples(names.SUSPENSION_ROUNDTRIP, [0.5 * baseline()["suspension_roundtrip_p50_ms"]] * 10),
         rate(names.STATE_GROWTH[1], 1000.0),
         rate(names.STATE_GROWTH[512], 900.0, write_amplification=2.0),
+        Result(RUNTIME_VS_BASELINE, "ratio", extra={"own_cost_ratio": 0.45, "suspension_ratio": 0.5}),
     ]
     merged: dict[str, Result] = {}
     for result in results:  # e2e_noop's rate and its latency samples are one Result
@@ -71,6 +80,8 @@ def test_every_target_is_judged_by_the_gate_and_listed_in_the_report() -> None:
         (names.E2E_NOOP, "ratio_to_faust", 0.5),
         (names.LANES["key"], "min_ratio_to_ideal", 0.7),
         (names.STATE_GROWTH[512], "write_amplification", 535.0),
+        (RUNTIME_VS_BASELINE, "own_cost_ratio", 0.8),
+        (RUNTIME_VS_BASELINE, "suspension_ratio", 0.75),
     ],
 )
 def test_a_missed_target_fails_the_gate(name: str, field: str, value: float) -> None:
@@ -78,6 +89,42 @@ def test_a_missed_target_fails_the_gate(name: str, field: str, value: float) -> 
     results[name].extra[field] = value
     (failed,) = failed_targets(results)
     assert "missed by" in failed
+
+
+def test_without_the_baseline_commit_the_own_cost_targets_use_the_stored_figures() -> None:
+    results = results_meeting_every_target()
+    unavailable = {"unavailable": "shallow clone"}
+    results[RUNTIME_VS_BASELINE] = Result(RUNTIME_VS_BASELINE, "ratio", extra=unavailable)
+    assert failed_targets(results) == []  # 0.4 ms own cost and half the stored suspension p50
+    results[names.OVERHEAD[50]].samples = [0.4 + 0.8 * baseline()["overhead_50ms_over_timer_p50_ms"]] * 1000
+    (failed,) = failed_targets(results)
+    assert failed.startswith("keylane's own cost") and "missed by 0.30" in failed
+    assert "not measured: shallow clone" in "\n".join(baseline_table(results))
+
+
+def test_the_same_run_ratios_are_the_medians_of_each_pairs_ratio() -> None:
+    def figures(own_cost: float, suspension: float) -> dict[str, float]:
+        return {"own_cost_ms": own_cost, "suspension_roundtrip_p50_ms": suspension}
+
+    then = [figures(1.0, 0.2), figures(2.0, 0.2), figures(1.0, 0.4)]
+    now = [figures(0.5, 0.1), figures(0.6, 0.3), figures(0.4, 0.1)]
+    result = compare(then, now, "abc")
+    assert result.extra["own_cost_ratio"] == pytest.approx(0.4)  # 0.5, 0.3, 0.4
+    assert result.extra["suspension_ratio"] == pytest.approx(0.5)  # 0.5, 1.5, 0.25
+    assert result.repetitions == pytest.approx([0.5, 1.5, 0.25])
+    table = "\n".join(baseline_table({RUNTIME_VS_BASELINE: result}))
+    assert "| 2 | 2.000 | 0.600 | 0.2000 | 0.3000 |" in table
+
+
+def test_the_baseline_commits_package_is_unpacked_from_git(tmp_path: Path) -> None:
+    package = baseline_package(baseline_commit(), tmp_path)
+    if not has_commit(baseline_commit()):  # a shallow clone: the run says so and falls back
+        assert package is None
+        return
+    assert package is not None and (package / "keylane" / "core" / "activation.py").is_file()
+    # This tree's deadlines module did not exist then: the package is the commit's, not a copy.
+    assert not (package / "keylane" / "core" / "deadlines.py").exists()
+    assert baseline_package("0" * 40, tmp_path / "missing") is None
 
 
 def test_a_target_the_run_did_not_measure_fails_the_gate() -> None:
