@@ -26,6 +26,7 @@ from keylane.llm.types import ProviderError
 from keylane.loader import import_module, load_agent
 from keylane.signing import parse_mode
 from keylane.stages.agent import AgentProcessor
+from keylane.stages.collector import freeze_startup_objects
 from keylane.stages.effector.service import Effector
 from keylane.stages.health import Check, Heartbeat, MetricsServer
 from keylane.stages.shard_keys import ShardKeys
@@ -167,6 +168,7 @@ def _run(app: App, settings: Settings, *, role: str, app_id: str) -> int:
             ready=readiness(app).not_ready,
             host=settings.metrics_host,
         )
+    freeze_startup_objects(app)
     try:
         run(app, loglevel=settings.log_level.upper(), on_loop=heartbeat.start)
     except SystemExit as exc:
