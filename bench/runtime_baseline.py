@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import io
 import json
 import os
@@ -42,9 +43,16 @@ MEASURE_TIMEOUT_S = 600
 PAIRS: dict[Size, int] = {"smoke": 1, "quick": 5, "full": 7}
 
 
+@functools.cache
+def baseline() -> dict[str, Any]:
+    """The stored figures of ``bench/baseline.json``."""
+    loaded: dict[str, Any] = json.loads(BASELINE_PATH.read_text())
+    return loaded
+
+
 def baseline_commit() -> str:
     """The commit bench/baseline.json was measured at."""
-    commit: str = json.loads(BASELINE_PATH.read_text())["commit"]
+    commit: str = baseline()["commit"]
     return commit
 
 
@@ -137,7 +145,7 @@ def compare(baseline_runs: list[dict[str, Any]], current_runs: list[dict[str, An
 
 
 async def run_baseline_comparison(recorder: Recorder, *, size: Size) -> None:
-    """Alternate the baseline's package and this tree's, REPETITIONS[size] times each."""
+    """Alternate the baseline's package and this tree's, PAIRS[size] times each."""
     commit = baseline_commit()
     with tempfile.TemporaryDirectory(prefix="keylane-baseline-") as scratch:
         package = await asyncio.to_thread(baseline_package, commit, Path(scratch))

@@ -12,18 +12,12 @@ development machine: read those as a direction, not a verdict.
 
 from __future__ import annotations
 
-import functools
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from bench import names
 from bench.harness import Result
-from bench.runtime_baseline import RUNTIME_VS_BASELINE
-
-BASELINE_PATH = Path(__file__).with_name("baseline.json")
+from bench.runtime_baseline import RUNTIME_VS_BASELINE, baseline
 
 E2E_TO_FAUST_MIN = 1.0
 E2E_LATENCY_P50_MAX_MS = 5.0
@@ -35,13 +29,6 @@ OWN_COST_TO_BASELINE_MAX = 0.5
 SUSPENSION_TO_BASELINE_MAX = 0.6
 CHANGELOG_TO_CHANGED_MAX = 4.0
 LARGE_STATE_RATE_MIN = 0.8
-
-
-@functools.cache
-def baseline() -> dict[str, Any]:
-    """The stored figures of ``bench/baseline.json``."""
-    loaded: dict[str, Any] = json.loads(BASELINE_PATH.read_text())
-    return loaded
 
 
 @dataclass(frozen=True)

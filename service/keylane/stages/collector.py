@@ -3,8 +3,8 @@
 A running worker holds some 80,000 long-lived objects: modules, the Faust app, its services,
 consumers and producers. CPython's full collection (generation 2) walks every one of them.
 On the development machine that took 30-54 ms, every few seconds under load, with the event
-loop and the consumer's fetch thread stopped (the collector holds the GIL): at 200 records/s
-each one made about ten records up to 50 ms late, a whole e2e p99 by itself.
+loop and the consumer's fetch thread stopped (the collector holds the GIL): a pause longer
+than the whole e2e p99 goal, for every record that arrives during it.
 
 ``gc.freeze()`` moves every object alive at that moment into a permanent generation that no
 collection walks; objects made later are collected as before. A process freezes twice: as it
