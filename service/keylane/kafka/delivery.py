@@ -29,11 +29,18 @@ keylane closes that hole with one rule, kept simple on purpose:
   min(the producer's max request size, the topic's max.message.bytes in the catalog). The
   Publisher turns such a record into a dead letter that fits (service/keylane/records.py).
 
-Changelog records of Faust tables go through Faust's producer buffer, not a ConfirmedTopic:
-``track_changelog`` makes the table's ``send_changelog`` (a public Table method) hand its
-future to the running unit of work as well, so a state write that Kafka refused stops its
-input from being committed and crashes the worker. A changelog send that never resolves
-(Faust's buffer task died on it) is caught by the confirmation timeout.
+Changelog records of Faust tables do not go through a ConfirmedTopic: ``track_changelog``
+makes the table's ``send_changelog`` (a public Table method) hand its future to the running
+unit of work as well, so a state write that Kafka refused stops its input from being
+committed and crashes the worker. Inside a unit of work the record skips Faust's producer
+buffer: it is handed to the producer by the unit itself, before the next record it hands
+off and before it waits. Through the buffer it reached the producer only when the buffer's
+task next ran, usually after the job's outputs had left in a produce request of their own,
+and the job waited one more round trip for it (aiokafka keeps one request in flight per
+broker). A unit left by an exception puts what it did not hand off into the buffer, as
+Faust would have, so a state the table holds always reaches its changelog. Outside a unit
+of work (a fence's heal) the buffer sends it. A changelog send that never resolves is
+caught by the confirmation timeout.
 """
 
 from __future__ import annotations
@@ -158,7 +165,7 @@ class DeliveryGuard:
         delivery.add_done_callback(lambda done: self._on_done(what, done))
         work = _work.get(None)
         if work is not None:
-            work.append((what, delivery))
+            work.pending.append((what, delivery))
 
     def _on_done(self, what: object, delivery: asyncio.Future[Any]) -> None:
         error = _error_of(delivery)
@@ -187,7 +194,37 @@ def _error_of(delivery: asyncio.Future[Any]) -> BaseException | None:
     return delivery.exception()
 
 
-_work: ContextVar[list[tuple[object, asyncio.Future[Any]]] | None] = ContextVar("keylane_deliveries")
+class _Work:
+    """One unit of work's records: handed off and awaiting confirmation (``pending``), and
+    changelog records not yet handed to the producer (``unsent``)."""
+
+    __slots__ = ("pending", "unsent")
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[object, asyncio.Future[Any]]] = []
+        self.unsent: list[FutureMessage] = []
+
+    async def hand_off_unsent(self) -> None:
+        """Hand the unit's changelog records to the producer, in the order they were written."""
+        unsent = self.unsent
+        while unsent:
+            message = unsent.pop(0)
+            try:
+                await message.message.channel.publish_message(message, wait=False)
+            except Exception as exc:  # refused: its delivery fails, which crashes the worker
+                if not message.done():
+                    message.set_exception(exc)
+                raise
+
+    def buffer_unsent(self, app: faust.App) -> None:
+        """Leave the records not handed off to Faust's producer buffer (a unit left by an
+        exception): the table already holds what they carry."""
+        for message in self.unsent:
+            app.producer.send_soon(message)
+        self.unsent.clear()
+
+
+_work: ContextVar[_Work | None] = ContextVar("keylane_deliveries")
 
 
 def delivery_guard(app: faust.App) -> DeliveryGuard:
@@ -205,23 +242,34 @@ async def confirming(app: faust.App) -> AsyncIterator[None]:
     producer inside the block (raises ProduceFailed otherwise). A block left by an exception
     does not wait; what it produced is still watched, and a failure still crashes the worker."""
     guard = delivery_guard(app)
-    pending: list[tuple[object, asyncio.Future[Any]]] = []
-    token = _work.set(pending)
+    work = _Work()
+    token = _work.set(work)
     try:
         yield
-        await guard.confirm(pending)
+        await work.hand_off_unsent()
+        await guard.confirm(work.pending)
     finally:
+        work.buffer_unsent(app)
         _work.reset(token)
 
 
 async def confirm_handed_off(app: faust.App) -> None:
     """Inside ``confirming``: wait now for what the block produced so far (the effector
     makes its claim durable this way before it runs a tool)."""
-    pending = _work.get(None)
-    if pending:
-        handed_off = list(pending)
-        pending.clear()
+    work = _work.get(None)
+    if work is not None:
+        await work.hand_off_unsent()
+        handed_off = list(work.pending)
+        work.pending.clear()
         await delivery_guard(app).confirm(handed_off)
+
+
+async def hand_off_changelog() -> None:
+    """Inside ``confirming``: hand the unit's changelog records to the producer now, ahead of
+    what it sends next."""
+    work = _work.get(None)
+    if work is not None and work.unsent:
+        await work.hand_off_unsent()
 
 
 class Sent:
@@ -285,6 +333,7 @@ class ConfirmedTopic(faust.Topic):
         if size > limit:
             raise RecordTooLarge(topic=name, key=key, value=value, size=size, limit=limit)
         what = Sent("a {} record (key {!r:.80}, {} bytes)", name, key, size)
+        await hand_off_changelog()  # the state this record follows from leaves first
         try:
             # never a Faust "attachment" (force): those wait for the commit that waits for us
             delivery = await super().send(**send, force=True)
@@ -296,12 +345,34 @@ class ConfirmedTopic(faust.Topic):
 
 def track_changelog(table: Any) -> None:
     """Make ``table``'s changelog records count as produced records of the running unit of
-    work (see the module docstring). Wraps the instance's public ``send_changelog``."""
+    work, handed to the producer by the unit itself (see the module docstring). Wraps the
+    instance's public ``send_changelog``."""
     guard = delivery_guard(table.app)
     send_changelog = table.send_changelog
 
-    def send_tracked(partition: int | None, key: Any, value: Any, *args: Any, **kwargs: Any) -> FutureMessage:
-        future: FutureMessage = send_changelog(partition, key, value, *args, **kwargs)
+    def send_tracked(
+        partition: int | None,
+        key: Any,
+        value: Any,
+        key_serializer: CodecArg = None,
+        value_serializer: CodecArg = None,
+    ) -> FutureMessage:
+        work = _work.get(None)
+        if work is None:
+            future: FutureMessage = send_changelog(
+                partition, key, value, key_serializer=key_serializer, value_serializer=value_serializer
+            )
+        else:  # Faust's send_changelog without its buffer: the unit hands it off
+            future = table.changelog_topic.as_future_message(
+                key=key,
+                value=value,
+                partition=partition,
+                key_serializer=table.key_serializer if key_serializer is None else key_serializer,
+                value_serializer=table.value_serializer if value_serializer is None else value_serializer,
+                callback=table._on_changelog_sent,  # read per call: RestoreStart wraps it
+                eager_partitioning=True,
+            )
+            work.unsent.append(future)
         size = len(value) if isinstance(value, bytes) else 0
         guard.track(
             Sent("a changelog record of table {} (partition {}, {} bytes)", table.name, partition, size),

@@ -21,11 +21,9 @@ from keylane.kafka.app import build_app
 from keylane.kafka.delivery import (
     ProduceFailed,
     RecordTooLarge,
-    confirm_handed_off,
     confirming,
     delivery_guard,
     record_size,
-    track_changelog,
 )
 from keylane.kafka.lane_feed import event_context
 from keylane.kafka.publish import Publisher, raw_topic
@@ -245,39 +243,3 @@ async def test_a_refused_record_fails_its_unit_of_work_and_crashes_the_app_once(
     assert "MESSAGE_TOO_LARGE" in critical[0].getMessage()
     with pytest.raises(ProduceFailed):  # no record is handed over any more, not even a dead letter
         await raw_topic(app, catalog.name(ERRORS)).send(key=b"k", value=b"dead letter")
-
-
-async def test_a_refused_changelog_record_fails_its_unit_of_work(app: faust.App) -> None:
-    crashed: list[BaseException] = []
-
-    async def crash(reason: BaseException) -> None:
-        crashed.append(reason)
-
-    app.crash = crash  # type: ignore[method-assign]
-    sent: list[asyncio.Future[Any]] = []
-
-    class Table:
-        name = "keylane-state"
-
-        def __init__(self) -> None:
-            self.app = app
-
-        def send_changelog(self, partition: int | None, key: Any, value: Any) -> asyncio.Future[Any]:
-            sent.append(asyncio.get_running_loop().create_future())
-            return sent[-1]
-
-    table = Table()
-    track_changelog(table)
-
-    async def work() -> None:
-        async with confirming(app):
-            table.send_changelog(3, b"k", b"state")  # what Faust's table[k] = v calls
-            await confirm_handed_off(app)  # the effector's flush: confirmed before going on
-            raise AssertionError("not reached: the changelog record was refused")
-
-    job = asyncio.ensure_future(work())
-    await asyncio.sleep(0)
-    sent[0].set_exception(RuntimeError("NOT_ENOUGH_REPLICAS"))
-    with pytest.raises(ProduceFailed, match="changelog record of table keylane-state"):
-        await asyncio.wait_for(job, 5)
-    assert len(crashed) == 1

@@ -1,0 +1,207 @@
+"""Changelog records of a unit of work (service/keylane/kafka/delivery.py): handed to the
+producer by the unit itself, before the next record it sends and before it waits; put into
+Faust's producer buffer when the unit fails, and sent by the buffer outside any unit. A
+changelog record Kafka refused fails its unit of work and crashes the app.
+
+Runs on a real Faust app and table, with the topics' publish (the hand-off to the producer)
+and the producer buffer recorded instead of reaching a broker."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import faust
+import pytest
+
+from keylane.catalog import OUTPUT, load_catalog
+from keylane.config import Settings
+from keylane.kafka.app import build_app
+from keylane.kafka.delivery import ProduceFailed, confirm_handed_off, confirming, track_changelog
+from keylane.kafka.publish import raw_topic
+
+
+class Handoffs:
+    """What reached the producer (``published``, in order) and its buffer (``buffered``)."""
+
+    def __init__(self, app: faust.App) -> None:
+        self.published: list[tuple[str, bytes]] = []
+        self.messages: list[Any] = []
+        self.buffered: list[Any] = []
+        app.producer.send_soon = self.buffered.append  # type: ignore[method-assign]
+
+    def watch(self, topic: Any) -> None:
+        async def publish_message(fut: Any, wait: bool = False) -> Any:
+            self.published.append((topic.get_topic_name(), fut.message.value))
+            self.messages.append(fut)
+            return fut
+
+        topic.publish_message = publish_message
+
+    def confirm_all(self) -> None:
+        for fut in self.messages:
+            if not fut.done():
+                fut.set_result(None)
+
+
+@pytest.fixture
+def app(tmp_path: Any) -> faust.App:
+    return build_app(Settings.from_env({}, data_dir=tmp_path, app_id="hand-off"), load_catalog(prefix="p."))
+
+
+@pytest.fixture
+def table(app: faust.App) -> Any:
+    table = app.Table("keylane-state", default=None, partitions=4, key_type=bytes, value_type=bytes)
+    track_changelog(table)
+    return table
+
+
+def write(table: Any, value: bytes) -> None:
+    """What Faust's ``table[key] = value`` calls, for partition 3."""
+    table.send_changelog(3, b"key", value, key_serializer="raw", value_serializer="raw")
+
+
+async def test_the_state_leaves_before_the_records_that_follow_from_it(app: faust.App, table: Any) -> None:
+    handoffs = Handoffs(app)
+    handoffs.watch(table.changelog_topic)
+    output = raw_topic(app, load_catalog(prefix="p.").name(OUTPUT))
+    handoffs.watch(output)
+
+    async def job() -> None:
+        async with confirming(app):
+            write(table, b"state")
+            assert handoffs.published == [], "a write alone does not publish: the job may write again"
+            await output.send(key=b"key", value=b"output")
+
+    running = asyncio.ensure_future(job())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    changelog = table.changelog_topic.get_topic_name()
+    assert handoffs.published == [(changelog, b"state"), ("p.agent.output", b"output")]
+    assert handoffs.buffered == [], "not through Faust's producer buffer"
+    assert not running.done(), "the job waits for both confirmations"
+    handoffs.confirm_all()
+    await asyncio.wait_for(running, 5)
+
+
+async def test_a_job_that_only_writes_state_hands_it_off_before_it_waits(app: faust.App, table: Any) -> None:
+    handoffs = Handoffs(app)
+    handoffs.watch(table.changelog_topic)
+
+    async def job() -> None:
+        async with confirming(app):
+            write(table, b"one")
+            write(table, b"two")
+
+    running = asyncio.ensure_future(job())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [value for _, value in handoffs.published] == [b"one", b"two"], "in the order written"
+    handoffs.confirm_all()
+    await asyncio.wait_for(running, 5)
+
+
+async def test_the_effectors_flush_hands_off_the_state_first(app: faust.App, table: Any) -> None:
+    handoffs = Handoffs(app)
+    handoffs.watch(table.changelog_topic)
+
+    async def job() -> None:
+        async with confirming(app):
+            write(table, b"claim")
+            await confirm_handed_off(app)
+
+    running = asyncio.ensure_future(job())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert handoffs.published == [(table.changelog_topic.get_topic_name(), b"claim")]
+    assert not running.done()
+    handoffs.confirm_all()
+    await asyncio.wait_for(running, 5)
+
+
+async def test_a_failed_job_leaves_its_state_to_the_producer_buffer(app: faust.App, table: Any) -> None:
+    """The table holds the write already: its changelog record must still go out."""
+    handoffs = Handoffs(app)
+    handoffs.watch(table.changelog_topic)
+
+    async def job() -> None:
+        async with confirming(app):
+            write(table, b"state")
+            raise RuntimeError("the agent's bug")
+
+    with pytest.raises(RuntimeError):
+        await job()
+    assert handoffs.published == []
+    assert [fut.message.value for fut in handoffs.buffered] == [b"state"]
+
+
+async def test_a_cancelled_job_leaves_its_state_to_the_producer_buffer(app: faust.App, table: Any) -> None:
+    handoffs = Handoffs(app)
+    handoffs.watch(table.changelog_topic)
+    blocked = asyncio.Event()
+
+    async def job() -> None:
+        async with confirming(app):
+            write(table, b"state")
+            await blocked.wait()
+
+    running = asyncio.ensure_future(job())
+    await asyncio.sleep(0)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert [fut.message.value for fut in handoffs.buffered] == [b"state"]
+
+
+async def test_outside_a_unit_of_work_the_producer_buffer_sends_it(app: faust.App, table: Any) -> None:
+    handoffs = Handoffs(app)
+    write(table, b"healed")
+    assert [fut.message.value for fut in handoffs.buffered] == [b"healed"]
+
+
+async def test_a_refused_changelog_record_fails_its_unit_of_work(app: faust.App, table: Any) -> None:
+    crashed: list[BaseException] = []
+
+    async def crash(reason: BaseException) -> None:
+        crashed.append(reason)
+
+    app.crash = crash  # type: ignore[method-assign]
+    handoffs = Handoffs(app)
+    handoffs.watch(table.changelog_topic)
+
+    async def job() -> None:
+        async with confirming(app):
+            write(table, b"state")
+
+    running = asyncio.ensure_future(job())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    handoffs.messages[0].set_exception(RuntimeError("NOT_ENOUGH_REPLICAS"))
+    with pytest.raises(ProduceFailed, match="changelog record of table keylane-state"):
+        await asyncio.wait_for(running, 5)
+    assert len(crashed) == 1
+
+
+async def test_a_changelog_record_the_producer_refuses_to_take_fails_its_unit_of_work(
+    app: faust.App, table: Any
+) -> None:
+    crashed: list[BaseException] = []
+
+    async def crash(reason: BaseException) -> None:
+        crashed.append(reason)
+
+    app.crash = crash  # type: ignore[method-assign]
+
+    async def refuse(fut: Any, wait: bool = False) -> Any:
+        raise RuntimeError("the producer is closed")
+
+    table.changelog_topic.publish_message = refuse
+
+    async def job() -> None:
+        async with confirming(app):
+            write(table, b"state")
+
+    with pytest.raises(RuntimeError, match="the producer is closed"):
+        await asyncio.wait_for(job(), 5)
+    await asyncio.sleep(0)
+    assert len(crashed) == 1 and isinstance(crashed[0], ProduceFailed)
