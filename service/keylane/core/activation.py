@@ -463,7 +463,7 @@ class KeyRuntime:
         # Provider retries never wait past the activation's own deadline.
         deadline_token = CALL_DEADLINE.set(time.monotonic() + timeout_s)
         try:
-            async with self.deadlines.timeout() as deadline:
+            with self.deadlines.timeout() as deadline:
                 outcome = await self.agent(ctx)
                 ctx.check_budget()  # an agent that caught BudgetExceeded still does not commit
         except BudgetExceeded as exc:

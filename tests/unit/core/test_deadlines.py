@@ -9,24 +9,22 @@ import pytest
 from keylane import AgentConfig, Complete
 from keylane.authoring.context import ActivationContext
 from keylane.catalog import ERRORS
-from keylane.core.deadlines import ActivationDeadlines
+from keylane.core.deadlines import ActivationDeadline, ActivationDeadlines
 from keylane.testing import AgentHarness
 
 
 async def test_a_block_past_its_deadline_raises_timeout_error_and_says_it_expired() -> None:
     deadlines = ActivationDeadlines(0.05)
-    with pytest.raises(TimeoutError):
-        async with deadlines.timeout() as deadline:
-            await asyncio.sleep(5)
+    with pytest.raises(TimeoutError), deadlines.timeout() as deadline:
+        await asyncio.sleep(5)
     assert deadline.expired()
     assert len(deadlines) == 0
 
 
 async def test_a_timeout_error_raised_inside_the_block_is_not_an_expiry() -> None:
     deadlines = ActivationDeadlines(30)
-    with pytest.raises(TimeoutError):
-        async with deadlines.timeout() as deadline:
-            raise TimeoutError("the agent's own")
+    with pytest.raises(TimeoutError), deadlines.timeout() as deadline:
+        raise TimeoutError("the agent's own")
     assert not deadline.expired()
 
 
@@ -35,7 +33,7 @@ async def test_a_cancellation_from_outside_stays_a_cancellation() -> None:
     entered = asyncio.Event()
 
     async def block() -> None:
-        async with deadlines.timeout():
+        with deadlines.timeout():
             entered.set()
             await asyncio.sleep(5)
 
@@ -55,7 +53,7 @@ async def test_blocks_expire_in_start_order_each_at_its_own_deadline() -> None:
     async def block(name: str) -> None:
         started = loop.time()
         try:
-            async with deadlines.timeout():
+            with deadlines.timeout():
                 await asyncio.sleep(5)
         except TimeoutError:
             ended[name] = loop.time() - started
@@ -74,7 +72,7 @@ async def test_blocks_that_end_in_time_leave_one_timer_at_most() -> None:
     loop = asyncio.get_running_loop()
     before = len(loop._scheduled)  # type: ignore[attr-defined]
     for _ in range(1_000):
-        async with deadlines.timeout():
+        with deadlines.timeout():
             pass  # an activation that never waits: the loop does not run in between
     assert len(deadlines) == 0
     # asyncio.timeout leaves 1,000 cancelled handles in the heap here, until the loop runs.
@@ -96,3 +94,22 @@ def test_a_runtime_times_out_activations_on_every_event_loop_it_runs_on() -> Non
 
     # Two loops one after the other: the timer armed on the first does not strand the second.
     assert asyncio.run(one()) == asyncio.run(one()) == ERRORS
+
+
+async def test_an_outside_cancellation_of_an_expired_block_stays_a_cancellation() -> None:
+    """asyncio.Timeout's rule: TimeoutError only when the deadline's cancellation is the only one."""
+    deadlines = ActivationDeadlines(30)
+    entered: asyncio.Future[ActivationDeadline] = asyncio.get_running_loop().create_future()
+
+    async def block() -> None:
+        with deadlines.timeout() as deadline:
+            entered.set_result(deadline)
+            await asyncio.sleep(5)
+
+    task = asyncio.create_task(block())
+    deadline = await entered
+    deadline._expire()  # the deadline fell due ...
+    task.cancel()  # ... as the worker was stopping the job
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert deadline.expired()
