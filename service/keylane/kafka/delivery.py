@@ -52,7 +52,8 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import faust
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
@@ -292,8 +293,9 @@ class Sent:
 
 
 class ConfirmedTopic(faust.Topic):
-    """A Faust topic whose sends are size-checked, refused once the worker is failing, and
-    confirmed by the running unit of work (see the module docstring)."""
+    """A Faust topic of raw records whose sends are size-checked, refused once the worker is
+    failing, handed straight to the producer, and confirmed by the running unit of work (see
+    the module docstring)."""
 
     async def send(
         self,
@@ -332,15 +334,45 @@ class ConfirmedTopic(faust.Topic):
         key, value = send.get("key"), send.get("value")
         if size > limit:
             raise RecordTooLarge(topic=name, key=key, value=value, size=size, limit=limit)
+        if any(send.get(codec) is not None for codec in ("schema", "key_serializer", "value_serializer")):
+            raise TypeError(f"{name}: a ConfirmedTopic sends raw bytes; encode the record before sending it")
         what = Sent("a {} record (key {!r:.80}, {} bytes)", name, key, size)
         await hand_off_changelog()  # the state this record follows from leaves first
         try:
-            # never a Faust "attachment" (force): those wait for the commit that waits for us
-            delivery = await super().send(**send, force=True)
+            delivery = await self._hand_off(name, **send)
         except Exception as exc:  # a refused hand-off is as final as a failed delivery
             raise guard.fail(what, exc) from exc
-        guard.track(what, asyncio.ensure_future(delivery))
+        guard.track(what, delivery)
         return delivery
+
+    async def _hand_off(
+        self,
+        name: str,
+        *,
+        key: bytes | None = None,
+        value: bytes | None = None,
+        partition: int | None = None,
+        timestamp: float | None = None,
+        headers: HeadersArg = None,
+        callback: MessageSentCallback | None = None,
+        **_: Any,  # the codec arguments, None: send_sized checked
+    ) -> asyncio.Future[Any]:
+        """The record straight to Faust's producer (aiokafka's send), without the
+        FutureMessage, sensors and callback chain of ``Topic.send``, which cost more than
+        the send itself: the topic's codecs pass bytes through, and the delivery is tracked
+        here anyway. ``callback`` gets the delivery once Kafka confirmed it, as Faust's would.
+        Never a Faust "attachment" either: those wait for the commit that waits for us."""
+        producer = await self._get_producer()
+        sent = await producer.send(name, key, value, partition, timestamp, headers)
+        delivery = cast(asyncio.Future[Any], sent)
+        if callback is not None:
+            delivery.add_done_callback(partial(_confirmed, callback))
+        return delivery
+
+
+def _confirmed(callback: MessageSentCallback, delivery: asyncio.Future[Any]) -> None:
+    if not delivery.cancelled() and delivery.exception() is None:
+        callback(delivery)  # type: ignore[arg-type]  # Faust passes its FutureMessage; ours ignore it
 
 
 def track_changelog(table: Any) -> None:

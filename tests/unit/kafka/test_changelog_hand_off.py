@@ -3,8 +3,9 @@ producer by the unit itself, before the next record it sends and before it waits
 Faust's producer buffer when the unit fails, and sent by the buffer outside any unit. A
 changelog record Kafka refused fails its unit of work and crashes the app.
 
-Runs on a real Faust app and table, with the topics' publish (the hand-off to the producer)
-and the producer buffer recorded instead of reaching a broker."""
+Runs on a real Faust app and table, with the hand-offs to the producer (the changelog
+topic's publish, the output topic's producer) and the producer buffer recorded instead of
+reaching a broker."""
 
 from __future__ import annotations
 
@@ -38,6 +39,24 @@ class Handoffs:
 
         topic.publish_message = publish_message
 
+    def watch_producer(self, topic: Any) -> None:
+        """A ConfirmedTopic hands its records straight to the producer."""
+        handoffs = self
+
+        class Producer:
+            async def send(self, name: str, key: Any, value: Any, *rest: Any) -> Any:
+                handoffs.published.append((name, value))
+                delivery = asyncio.get_running_loop().create_future()
+                handoffs.messages.append(delivery)
+                return delivery
+
+        producer = Producer()
+
+        async def get_producer() -> Any:
+            return producer
+
+        topic._get_producer = get_producer
+
     def confirm_all(self) -> None:
         for fut in self.messages:
             if not fut.done():
@@ -65,7 +84,7 @@ async def test_the_state_leaves_before_the_records_that_follow_from_it(app: faus
     handoffs = Handoffs(app)
     handoffs.watch(table.changelog_topic)
     output = raw_topic(app, load_catalog(prefix="p.").name(OUTPUT))
-    handoffs.watch(output)
+    handoffs.watch_producer(output)
 
     async def job() -> None:
         async with confirming(app):

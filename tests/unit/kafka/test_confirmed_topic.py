@@ -1,0 +1,109 @@
+"""A ConfirmedTopic hands a raw record straight to Faust's producer (service/keylane/kafka/
+delivery.py): key, value, partition and headers as given, the callback only once Kafka
+confirmed it, and the unit of work waits for it. Runs on a real Faust app, with the
+producer recorded instead of reaching a broker."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import faust
+import pytest
+
+from keylane.catalog import OUTPUT, Catalog, load_catalog
+from keylane.config import Settings
+from keylane.kafka.app import build_app
+from keylane.kafka.delivery import ProduceFailed, confirming
+from keylane.kafka.publish import raw_topic
+
+
+class RecordingProducer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[Any, ...]] = []
+        self.deliveries: list[asyncio.Future[Any]] = []
+
+    async def send(self, *args: Any) -> asyncio.Future[Any]:
+        self.sent.append(args)
+        delivery: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.deliveries.append(delivery)
+        return delivery
+
+
+@pytest.fixture
+def catalog() -> Catalog:
+    return load_catalog(prefix="p.")
+
+
+@pytest.fixture
+def app(catalog: Catalog, tmp_path: Any) -> faust.App:
+    return build_app(Settings.from_env({}, data_dir=tmp_path, app_id="confirmed"), catalog)
+
+
+def recorded(topic: Any) -> RecordingProducer:
+    producer = RecordingProducer()
+
+    async def get_producer() -> RecordingProducer:
+        return producer
+
+    topic._get_producer = get_producer
+    return producer
+
+
+async def test_the_record_reaches_the_producer_as_given(app: faust.App, catalog: Catalog) -> None:
+    topic = raw_topic(app, catalog.name(OUTPUT))
+    producer = recorded(topic)
+    headers = [("keylane.id", b"id-1")]
+    await topic.send(key=b"k", value=b"v", partition=2, headers=headers)
+    await topic.send(key=None, value=b"no key")
+    assert producer.sent == [
+        (catalog.name(OUTPUT), b"k", b"v", 2, None, headers),
+        (catalog.name(OUTPUT), None, b"no key", None, None, None),
+    ]
+
+
+async def test_the_callback_runs_once_kafka_confirmed_and_never_on_a_failure(
+    app: faust.App, catalog: Catalog
+) -> None:
+    app.crash = lambda reason: asyncio.sleep(0)  # type: ignore[method-assign]
+    topic = raw_topic(app, catalog.name(OUTPUT))
+    producer = recorded(topic)
+    called: list[str] = []
+    await topic.send(key=b"a", value=b"1", callback=lambda _: called.append("a"))
+    await topic.send(key=b"b", value=b"2", callback=lambda _: called.append("b"))
+    assert called == []
+    producer.deliveries[0].set_result(None)
+    producer.deliveries[1].set_exception(RuntimeError("NOT_ENOUGH_REPLICAS"))
+    await asyncio.sleep(0)
+    assert called == ["a"]
+
+
+async def test_the_unit_of_work_waits_for_the_delivery(app: faust.App, catalog: Catalog) -> None:
+    crashed: list[BaseException] = []
+
+    async def crash(reason: BaseException) -> None:
+        crashed.append(reason)
+
+    app.crash = crash  # type: ignore[method-assign]
+    topic = raw_topic(app, catalog.name(OUTPUT))
+    producer = recorded(topic)
+
+    async def job() -> None:
+        async with confirming(app):
+            await topic.send(key=b"k", value=b"v")
+
+    running = asyncio.ensure_future(job())
+    await asyncio.sleep(0.05)
+    assert not running.done()
+    producer.deliveries[0].set_exception(RuntimeError("MESSAGE_TOO_LARGE"))
+    with pytest.raises(ProduceFailed, match="MESSAGE_TOO_LARGE"):
+        await asyncio.wait_for(running, 5)
+    assert len(crashed) == 1
+
+
+async def test_a_codec_is_refused_not_ignored(app: faust.App, catalog: Catalog) -> None:
+    topic = raw_topic(app, catalog.name(OUTPUT))
+    producer = recorded(topic)
+    with pytest.raises(TypeError, match="sends raw bytes"):
+        await topic.send(key=b"k", value=b"v", value_serializer="json")
+    assert producer.sent == []
