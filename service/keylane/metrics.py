@@ -305,7 +305,8 @@ BUFFERED_DEPTH = Histogram(
 )
 STATE_BYTES = Histogram(
     "keylane_state_bytes",
-    "Encoded size of each key state the runtime commits (one changelog record).",
+    "Size of each key state the runtime commits: its changelog record, plus the memory in its "
+    "pages for a key whose memory is paged.",
     buckets=(1024, 4096, 16384, 65536, 262144, 524288, 786432, 1048576, 1572864, 2097152),
 )
 STATE_OVER_LIMIT = Counter(

@@ -838,7 +838,9 @@ class KeyRuntime:
         trimmed = len(staged.llm_cache) - len(state.llm_cache)
         if trimmed:
             metrics.STATE_CACHE_TRIMMED.inc(trimmed)
-        metrics.STATE_BYTES.observe(len(blob))
+        # A paged key's record leaves its memory out: the key's size is both.
+        paged_bytes = state.pages.memory_bytes if isinstance(state, PagedKeyState) else 0
+        metrics.STATE_BYTES.observe(len(blob) + paged_bytes)
         return Decision(state, emits, blob=blob)
 
     def _seal(self, state: KeyState, key: bytes) -> tuple[KeyState, bytes] | None:

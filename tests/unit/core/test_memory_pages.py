@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from prometheus_client import REGISTRY
 
 from keylane import inspect
 from keylane.authoring.api import Complete
@@ -255,3 +256,16 @@ async def test_inspect_reads_a_paged_memory_from_the_changelog_and_skips_a_late_
     assert view.state is not None and view.late_writes_skipped == 0
     memory = {n: e.value for n, e in view.state.memory.entries.items()}
     assert memory == expected({**dict.fromkeys(range(64), 0), 3: 1})
+
+
+async def test_keylane_state_bytes_counts_a_paged_keys_memory_too() -> None:
+    """Volumes are sized by it (docs/deploy.md): a paged key's record alone is a few hundred bytes."""
+    h, store = harness()
+    sum_before = REGISTRY.get_sample_value("keylane_state_bytes_sum") or 0.0
+    await h.send_event(KEY, "fill:64")
+    observed = (REGISTRY.get_sample_value("keylane_state_bytes_sum") or 0.0) - sum_before
+
+    record = decode_state(store[KEY])
+    assert isinstance(record, PagedKeyState)
+    assert observed == len(store[KEY]) + record.pages.memory_bytes
+    assert observed > 64 * CELL
