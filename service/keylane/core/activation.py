@@ -138,6 +138,9 @@ class Decision:
     blob: bytes | None = None
     """``new_state`` encoded, when the runtime sealed it against the key's state limit (a
     writer may store these bytes instead of encoding the state again)."""
+    unpages: bool = False
+    """``new_state`` is one record again where the key's memory was paged (it emptied): the
+    writer empties the pages the committed record names."""
 
 
 class ActivationFailed(KeylaneError):
@@ -841,7 +844,8 @@ class KeyRuntime:
         # A paged key's record leaves its memory out: the key's size is both.
         paged_bytes = state.pages.memory_bytes if isinstance(state, PagedKeyState) else 0
         metrics.STATE_BYTES.observe(len(blob) + paged_bytes)
-        return Decision(state, emits, blob=blob)
+        unpages = isinstance(before, PagedKeyState) and not isinstance(state, PagedKeyState)
+        return Decision(state, emits, blob=blob, unpages=unpages)
 
     def _seal(self, state: KeyState, key: bytes) -> tuple[KeyState, bytes] | None:
         return seal(state, self.state_limit(key))

@@ -11,6 +11,14 @@ slot), and every activation writes a new record (its applied offsets, at least).
 A write replaces the pages of the buckets whose entries the activations changed (the
 layout's ``dirty`` names, from the Memory facade), so its cost follows what changed, not how
 much the key holds: the names of each bucket are kept beside the memory.
+
+A key whose paged memory empties goes back to one record, and the pages its last record named
+(both slots of each bucket) are written over with empty pages, after that record: compaction
+keeps a key's last value, so pages left as they were would keep the memory's bytes in the
+store and the changelog for good. They are emptied, not deleted: a tombstone carries no owner
+epoch, and a former owner's late one would delete its successor's page past the epoch fence
+(service/keylane/kafka/epochs.py). A crash between the record and the empty pages can leave
+some pages as they were, named by no record: the input, run again, finds its record committed.
 """
 
 from __future__ import annotations
@@ -86,14 +94,26 @@ class KeyStates:
             kept = self._keep(key, _Kept(record, entries, state.pages, names))
         return struct_replace(state, memory=MemoryBlob(entries=kept.entries))
 
-    def write(self, key: bytes, state: KeyState, record: bytes | None = None) -> int:
+    def write(
+        self, key: bytes, state: KeyState, record: bytes | None = None, *, unpages: bool = False
+    ) -> int:
         """Commit ``state`` for ``key`` (``record``: its blob, when the runtime sealed it):
-        the pages it changed, then its record. Returns the bytes written."""
+        the pages it changed, then its record. With ``unpages`` (a paged key whose memory
+        emptied), the pages the committed record names are emptied after the new record.
+        Returns the bytes written."""
         if not isinstance(state, PagedKeyState):
+            dropped = self._committed_layout(key) if unpages else None
             record = record if record is not None else encode_state(state)
             self._put(key, record)
             self._forget(key)
-            return len(record)
+            written = len(record)
+            if dropped is not None:
+                empty = encode_page({}, state.epoch)
+                for bucket in range(dropped.buckets):
+                    for slot in (0, 1):
+                        self._put(page_key(key, bucket, slot), empty)
+                        written += len(empty)
+            return written
         layout, pages, names = self._pages(key, state)
         written = 0
         for bucket, blob in pages.items():
@@ -103,6 +123,18 @@ class KeyStates:
         self._put(key, record)
         self._keep(key, _Kept(record, state.memory.entries, layout, names))
         return written + len(record)
+
+    def _committed_layout(self, key: bytes) -> PageLayout | None:
+        """The page layout ``key``'s committed record names, if it is paged (and reads)."""
+        record = self._get(key)
+        kept = self._kept.get(key)
+        if kept is not None and kept.record == record:
+            return kept.layout
+        try:
+            committed = decode_state(record)
+        except CorruptState:
+            return None
+        return committed.pages if isinstance(committed, PagedKeyState) else None
 
     def _pages(self, key: bytes, state: PagedKeyState) -> tuple[PageLayout, dict[int, bytes], Names]:
         """The layout ``state`` is written in, the pages to write (bucket: encoded page), each

@@ -187,6 +187,44 @@ async def test_memory_emptied_goes_back_into_the_record() -> None:
     assert memory_of(h) == expected(dict.fromkeys(range(40), 0))
 
 
+async def test_memory_emptied_empties_every_page_it_had_after_the_record() -> None:
+    """Compaction keeps a key's last value: pages left as they were keep the memory for good."""
+    h, store = harness()
+    await h.send_event(KEY, "fill:64")
+    for i in range(8):  # both slots of some buckets hold a page
+        await h.send_event(KEY, f"set:{i}:1")
+    paged = decode_state(store[KEY])
+    assert isinstance(paged, PagedKeyState)
+    held = {k: v for k, v in store.items() if is_page_key(k)}
+    assert sum(map(len, held.values())) > 64 * CELL
+    store.log.clear()
+
+    await h.send_event(KEY, "clear")
+
+    record = decode_state(store[KEY])
+    assert not isinstance(record, PagedKeyState)
+    (first, _), *rest = store.log
+    assert first == KEY, "the record that names no page goes first"
+    every_slot = {page_key(KEY, bucket, slot) for bucket in range(paged.pages.buckets) for slot in (0, 1)}
+    assert {key for key, _ in rest} == every_slot
+    assert set(held) <= every_slot
+    pages_left = {k: v for k, v in store.items() if is_page_key(k)}
+    assert all(v == encode_page({}, record.epoch) for v in pages_left.values())
+    assert sum(map(len, pages_left.values())) < 32 * len(every_slot), "a few bytes each"
+    await h.send_event(KEY, "fill:40")  # paged again, over the emptied pages
+    assert memory_of(h) == expected(dict.fromkeys(range(40), 0))
+    h.states = KeyStates(store.get, store.__setitem__)  # a restart: nothing kept
+    assert memory_of(h) == expected(dict.fromkeys(range(40), 0))
+
+
+async def test_a_record_that_stays_inline_writes_no_page() -> None:
+    h, store = harness()
+    await h.send_event(KEY, "fill:8")
+    store.log.clear()
+    await h.send_event(KEY, "clear")
+    assert [key for key, _ in store.log] == [KEY]
+
+
 async def test_a_missing_page_is_poison_state_for_its_key_only() -> None:
     h, store = harness()
     await h.send_event(KEY, "fill:64")

@@ -11,7 +11,8 @@ import pytest
 
 from keylane.authoring.api import AgentConfig, Complete
 from keylane.authoring.context import ActivationContext
-from keylane.core.state import ArmedTimer
+from keylane.core.pages import decode_page, is_page_key
+from keylane.core.state import ArmedTimer, PagedKeyState, decode_state
 from keylane.core.timers import TTL, timer_token
 from keylane.testing import AgentHarness, ManualClock
 from tests.unit.hitl_support import (
@@ -221,3 +222,31 @@ async def test_a_ttl_fire_for_a_key_already_collected_changes_nothing() -> None:
 def test_agent_config_refuses_a_non_positive_ttl(ttl_ms: int) -> None:
     with pytest.raises(ValueError, match=re.escape("AgentConfig.ttl_ms")):
         AgentConfig(ttl_ms=ttl_ms)
+
+
+async def test_a_collected_key_whose_memory_was_paged_keeps_none_of_it_in_its_pages() -> None:
+    """Compaction keeps each page's last value: the collection empties them, or an expired
+    key would keep its memory in the changelog for good."""
+
+    async def remembers(ctx: ActivationContext) -> Complete:
+        for i in range(24):
+            ctx.memory.set(f"note-{i}", ctx.event.decode() * 1000)
+        return Complete(b"noted")
+
+    clock = ManualClock()
+    harness = harness_of(remembers, clock)
+    await harness.send_event(KEY, "x")
+    pages = [k for k in harness.store if is_page_key(k)]
+    assert pages and sum(len(harness.store[k]) for k in pages) > 24_000, "the memory is paged"
+
+    clock.advance(TTL_MS)
+    [decision] = await harness.fire_due_timers()
+
+    assert decision.new_state is not None
+    assert_collected(harness)
+    assert not isinstance(decode_state(harness.store[KEY]), PagedKeyState)
+    left = {k: v for k, v in harness.store.items() if is_page_key(k)}
+    assert set(pages) <= set(left)
+    assert all(decode_page(v, "") == {} for v in left.values())
+    await harness.send_event(KEY, "y")  # the key starts over, paged again
+    assert harness.state(KEY).memory.entries["note-3"].value == "y" * 1000
