@@ -10,6 +10,7 @@ reaching a broker."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
@@ -29,7 +30,7 @@ class Handoffs:
         self.published: list[tuple[str, bytes]] = []
         self.messages: list[Any] = []
         self.buffered: list[Any] = []
-        app.producer.send_soon = self.buffered.append  # type: ignore[method-assign]
+        app.producer.send_soon = self.buffered.append  # type: ignore[method-assign,assignment]
 
     def watch(self, topic: Any) -> None:
         async def publish_message(fut: Any, wait: bool = False) -> Any:
@@ -57,10 +58,20 @@ class Handoffs:
 
         topic._get_producer = get_producer
 
-    def confirm_all(self) -> None:
+    async def confirmed(self, running: asyncio.Future[None]) -> None:
+        """Kafka confirms every record handed off; ``running`` ends."""
         for fut in self.messages:
             if not fut.done():
                 fut.set_result(None)
+        await asyncio.wait_for(running, 5)
+
+
+async def started(job: Callable[[], Awaitable[None]]) -> asyncio.Future[None]:
+    """``job`` running, a few turns of the loop in: as far as its wait for Kafka."""
+    running = asyncio.ensure_future(job())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    return running
 
 
 @pytest.fixture
@@ -75,14 +86,22 @@ def table(app: faust.App) -> Any:
     return table
 
 
+@pytest.fixture
+def handoffs(app: faust.App, table: Any) -> Handoffs:
+    """The hand-offs of ``app``, with the table's changelog watched."""
+    handoffs = Handoffs(app)
+    handoffs.watch(table.changelog_topic)
+    return handoffs
+
+
 def write(table: Any, value: bytes) -> None:
     """What Faust's ``table[key] = value`` calls, for partition 3."""
     table.send_changelog(3, b"key", value, key_serializer="raw", value_serializer="raw")
 
 
-async def test_the_state_leaves_before_the_records_that_follow_from_it(app: faust.App, table: Any) -> None:
-    handoffs = Handoffs(app)
-    handoffs.watch(table.changelog_topic)
+async def test_the_state_leaves_before_the_records_that_follow_from_it(
+    app: faust.App, table: Any, handoffs: Handoffs
+) -> None:
     output = raw_topic(app, load_catalog(prefix="p.").name(OUTPUT))
     handoffs.watch_producer(output)
 
@@ -92,56 +111,47 @@ async def test_the_state_leaves_before_the_records_that_follow_from_it(app: faus
             assert handoffs.published == [], "a write alone does not publish: the job may write again"
             await output.send(key=b"key", value=b"output")
 
-    running = asyncio.ensure_future(job())
-    for _ in range(5):
-        await asyncio.sleep(0)
+    running = await started(job)
     changelog = table.changelog_topic.get_topic_name()
     assert handoffs.published == [(changelog, b"state"), ("p.agent.output", b"output")]
     assert handoffs.buffered == [], "not through Faust's producer buffer"
     assert not running.done(), "the job waits for both confirmations"
-    handoffs.confirm_all()
-    await asyncio.wait_for(running, 5)
+    await handoffs.confirmed(running)
 
 
-async def test_a_job_that_only_writes_state_hands_it_off_before_it_waits(app: faust.App, table: Any) -> None:
-    handoffs = Handoffs(app)
-    handoffs.watch(table.changelog_topic)
+async def test_a_job_that_only_writes_state_hands_it_off_before_it_waits(
+    app: faust.App, table: Any, handoffs: Handoffs
+) -> None:
 
     async def job() -> None:
         async with confirming(app):
             write(table, b"one")
             write(table, b"two")
 
-    running = asyncio.ensure_future(job())
-    for _ in range(5):
-        await asyncio.sleep(0)
+    running = await started(job)
     assert [value for _, value in handoffs.published] == [b"one", b"two"], "in the order written"
-    handoffs.confirm_all()
-    await asyncio.wait_for(running, 5)
+    await handoffs.confirmed(running)
 
 
-async def test_the_effectors_flush_hands_off_the_state_first(app: faust.App, table: Any) -> None:
-    handoffs = Handoffs(app)
-    handoffs.watch(table.changelog_topic)
+async def test_the_effectors_flush_hands_off_the_state_first(
+    app: faust.App, table: Any, handoffs: Handoffs
+) -> None:
 
     async def job() -> None:
         async with confirming(app):
             write(table, b"claim")
             await confirm_handed_off(app)
 
-    running = asyncio.ensure_future(job())
-    for _ in range(5):
-        await asyncio.sleep(0)
+    running = await started(job)
     assert handoffs.published == [(table.changelog_topic.get_topic_name(), b"claim")]
     assert not running.done()
-    handoffs.confirm_all()
-    await asyncio.wait_for(running, 5)
+    await handoffs.confirmed(running)
 
 
-async def test_a_failed_job_leaves_its_state_to_the_producer_buffer(app: faust.App, table: Any) -> None:
+async def test_a_failed_job_leaves_its_state_to_the_producer_buffer(
+    app: faust.App, table: Any, handoffs: Handoffs
+) -> None:
     """The table holds the write already: its changelog record must still go out."""
-    handoffs = Handoffs(app)
-    handoffs.watch(table.changelog_topic)
 
     async def job() -> None:
         async with confirming(app):
@@ -154,9 +164,9 @@ async def test_a_failed_job_leaves_its_state_to_the_producer_buffer(app: faust.A
     assert [fut.message.value for fut in handoffs.buffered] == [b"state"]
 
 
-async def test_a_cancelled_job_leaves_its_state_to_the_producer_buffer(app: faust.App, table: Any) -> None:
-    handoffs = Handoffs(app)
-    handoffs.watch(table.changelog_topic)
+async def test_a_cancelled_job_leaves_its_state_to_the_producer_buffer(
+    app: faust.App, table: Any, handoffs: Handoffs
+) -> None:
     blocked = asyncio.Event()
 
     async def job() -> None:
@@ -172,29 +182,28 @@ async def test_a_cancelled_job_leaves_its_state_to_the_producer_buffer(app: faus
     assert [fut.message.value for fut in handoffs.buffered] == [b"state"]
 
 
-async def test_outside_a_unit_of_work_the_producer_buffer_sends_it(app: faust.App, table: Any) -> None:
-    handoffs = Handoffs(app)
+async def test_outside_a_unit_of_work_the_producer_buffer_sends_it(
+    app: faust.App, table: Any, handoffs: Handoffs
+) -> None:
     write(table, b"healed")
     assert [fut.message.value for fut in handoffs.buffered] == [b"healed"]
 
 
-async def test_a_refused_changelog_record_fails_its_unit_of_work(app: faust.App, table: Any) -> None:
+async def test_a_refused_changelog_record_fails_its_unit_of_work(
+    app: faust.App, table: Any, handoffs: Handoffs
+) -> None:
     crashed: list[BaseException] = []
 
     async def crash(reason: BaseException) -> None:
         crashed.append(reason)
 
     app.crash = crash  # type: ignore[method-assign]
-    handoffs = Handoffs(app)
-    handoffs.watch(table.changelog_topic)
 
     async def job() -> None:
         async with confirming(app):
             write(table, b"state")
 
-    running = asyncio.ensure_future(job())
-    for _ in range(5):
-        await asyncio.sleep(0)
+    running = await started(job)
     handoffs.messages[0].set_exception(RuntimeError("NOT_ENOUGH_REPLICAS"))
     with pytest.raises(ProduceFailed, match="changelog record of table keylane-state"):
         await asyncio.wait_for(running, 5)
@@ -202,7 +211,7 @@ async def test_a_refused_changelog_record_fails_its_unit_of_work(app: faust.App,
 
 
 async def test_a_changelog_record_the_producer_refuses_to_take_fails_its_unit_of_work(
-    app: faust.App, table: Any
+    app: faust.App, table: Any, handoffs: Handoffs
 ) -> None:
     crashed: list[BaseException] = []
 
