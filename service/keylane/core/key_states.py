@@ -124,17 +124,22 @@ class KeyStates:
         self._keep(key, _Kept(record, state.memory.entries, layout, names))
         return written + len(record)
 
-    def _committed_layout(self, key: bytes) -> PageLayout | None:
-        """The page layout ``key``'s committed record names, if it is paged (and reads)."""
+    def _committed(self, key: bytes) -> tuple[PageLayout | None, Names | None]:
+        """The page layout ``key``'s committed record names (None: it is not paged) and, when
+        the memory it came with is kept, the names of each bucket."""
         record = self._get(key)
         kept = self._kept.get(key)
         if kept is not None and kept.record == record:
-            return kept.layout
+            return kept.layout, kept.names
+        committed = decode_state(record)
+        return (committed.pages if isinstance(committed, PagedKeyState) else None), None
+
+    def _committed_layout(self, key: bytes) -> PageLayout | None:
+        """The page layout ``key``'s committed record names, if it is paged (and reads)."""
         try:
-            committed = decode_state(record)
+            return self._committed(key)[0]
         except CorruptState:
             return None
-        return committed.pages if isinstance(committed, PagedKeyState) else None
 
     def _pages(self, key: bytes, state: PagedKeyState) -> tuple[PageLayout, dict[int, bytes], Names]:
         """The layout ``state`` is written in, the pages to write (bucket: encoded page), each
@@ -142,14 +147,7 @@ class KeyStates:
         entries = state.memory.entries
         staged = state.pages
         size = staged.memory_bytes
-        record = self._get(key)
-        kept = self._kept.get(key)
-        if kept is None or kept.record != record:
-            committed = decode_state(record)
-            old = committed.pages if isinstance(committed, PagedKeyState) else None
-            names = None
-        else:
-            old, names = kept.layout, kept.names
+        old, names = self._committed(key)
         if old is None:  # no page is named: every bucket starts in slot 0
             fresh = new_layout(staged.buckets, size)
             return fresh, *_every_page(entries, fresh, state)

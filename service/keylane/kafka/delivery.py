@@ -371,7 +371,7 @@ class ConfirmedTopic(faust.Topic):
 
 
 def _confirmed(callback: MessageSentCallback, delivery: asyncio.Future[Any]) -> None:
-    if not delivery.cancelled() and delivery.exception() is None:
+    if _error_of(delivery) is None:
         callback(delivery)  # type: ignore[arg-type]  # Faust passes its FutureMessage; ours ignore it
 
 
