@@ -1,12 +1,13 @@
 """kill -9 of the worker, at seeded points, while keys' paged memory fills and empties again
 (tests/agents/pages.py), the last restart without its local RocksDB.
 
-A key whose paged memory empties goes back to one record and its pages are emptied after it
-(service/keylane/core/key_states.py). Whatever the kills interrupted: every event has one
-output by id; each activation found exactly the memory its key's previous event left (never a
-half-written or missing page: no poison_state); and once the stream is done, the changelog
-keeps no page of memory that emptied: every page of a key whose last event cleared it is an
-empty page, so compaction keeps a few bytes of it, not its memory.
+A key whose paged memory empties goes back to one record and its pages are emptied after it,
+and again by the key's next write (service/keylane/core/key_states.py): a kill between the
+record and its empty pages is mended by the input run again. Whatever the kills interrupted:
+every event has one output by id; each activation found exactly the memory its key's previous
+event left (never a half-written or missing page: no poison_state); and once the stream is
+done, the changelog keeps no page of memory that emptied: every page of a key whose last
+event cleared it is an empty page, so compaction keeps a few bytes of it, not its memory.
 """
 
 from __future__ import annotations

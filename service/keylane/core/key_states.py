@@ -17,8 +17,11 @@ A key whose paged memory empties goes back to one record, and the pages its last
 keeps a key's last value, so pages left as they were would keep the memory's bytes in the
 store and the changelog for good. They are emptied, not deleted: a tombstone carries no owner
 epoch, and a former owner's late one would delete its successor's page past the epoch fence
-(service/keylane/kafka/epochs.py). A crash between the record and the empty pages can leave
-some pages as they were, named by no record: the input, run again, finds its record committed.
+(service/keylane/kafka/epochs.py). The record says how many buckets it empties
+(EmptiedKeyState): a crash between it and the empty pages leaves some pages as they were,
+named by no record, and the key's next write (the input run again, at the latest: its offset
+is committed only once every record it wrote is) empties them again before its own record.
+Every write follows a read of its key, which notes such a record.
 """
 
 from __future__ import annotations
@@ -45,7 +48,16 @@ from keylane.core.pages import (
     new_layout,
     page_key,
 )
-from keylane.core.state import CorruptState, KeyState, PagedKeyState, decode_state, encode_state
+from keylane.core.state import (
+    CorruptState,
+    EmptiedKeyState,
+    KeyState,
+    PagedKeyState,
+    decode_state,
+    emptied,
+    encode_state,
+    unpaged,
+)
 
 CACHE_BYTES = 64 * 1024 * 1024
 """Memory (as the Memory facade counts it) of the paged keys a worker keeps decoded."""
@@ -74,6 +86,8 @@ class KeyStates:
         self.cache_bytes = cache_bytes
         self._kept: OrderedDict[bytes, _Kept] = OrderedDict()
         self._kept_bytes = 0
+        self._left: dict[bytes, tuple[bytes, int]] = {}
+        """Keys read with an EmptiedKeyState record: (the record, its emptied buckets)."""
 
     def read(self, key: bytes) -> KeyState:
         """``key``'s committed state, its memory read from its pages when they hold it
@@ -81,6 +95,10 @@ class KeyStates:
         record = self._get(key)
         state = decode_state(record)
         if not isinstance(state, PagedKeyState):
+            if isinstance(state, EmptiedKeyState):
+                assert record is not None
+                self._left[key] = (record, state.emptied_buckets)
+                return unpaged(state)
             return state
         assert record is not None
         kept = self._kept.get(key)
@@ -101,21 +119,20 @@ class KeyStates:
         the pages it changed, then its record. With ``unpages`` (a paged key whose memory
         emptied), the pages the committed record names are emptied after the new record.
         Returns the bytes written."""
+        written = self._empty_left_pages(key, state.epoch)
         if not isinstance(state, PagedKeyState):
             dropped = self._committed_layout(key) if unpages else None
-            record = record if record is not None else encode_state(state)
+            if dropped is not None:
+                record = encode_state(emptied(state, dropped.buckets))
+            elif record is None:
+                record = encode_state(state)
             self._put(key, record)
             self._forget(key)
-            written = len(record)
+            written += len(record)
             if dropped is not None:
-                empty = encode_page({}, state.epoch)
-                for bucket in range(dropped.buckets):
-                    for slot in (0, 1):
-                        self._put(page_key(key, bucket, slot), empty)
-                        written += len(empty)
+                written += self._empty_pages(key, dropped.buckets, state.epoch)
             return written
         layout, pages, names = self._pages(key, state)
-        written = 0
         for bucket, blob in pages.items():
             self._put(page_key(key, bucket, layout.slot(bucket)), blob)
             written += len(blob)
@@ -123,6 +140,22 @@ class KeyStates:
         self._put(key, record)
         self._keep(key, _Kept(record, state.memory.entries, layout, names))
         return written + len(record)
+
+    def _empty_left_pages(self, key: bytes, epoch: int) -> int:
+        """Empty the pages ``key``'s committed record (an EmptiedKeyState, as read) left to
+        empty; the write that follows names none of them, or writes them over after."""
+        left = self._left.pop(key, None)
+        if left is None or left[0] != self._get(key):
+            return 0
+        return self._empty_pages(key, left[1], epoch)
+
+    def _empty_pages(self, key: bytes, buckets: int, epoch: int) -> int:
+        """Write both slots of ``buckets`` buckets of ``key``'s pages over with empty pages."""
+        empty = encode_page({}, epoch)
+        for bucket in range(buckets):
+            for slot in (0, 1):
+                self._put(page_key(key, bucket, slot), empty)
+        return 2 * buckets * len(empty)
 
     def _committed(self, key: bytes) -> tuple[PageLayout | None, Names | None]:
         """The page layout ``key``'s committed record names (None: it is not paged) and, when

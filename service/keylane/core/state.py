@@ -49,7 +49,9 @@ this code reads:
 * 6: ``pages`` (PagedKeyState): the key's memory is in memory pages beside the record
   (service/keylane/core/pages.py) and its ``memory`` cell is empty. Only a key whose memory
   outgrew PAGED_FROM_BYTES is written so: a version 5 keylane refuses such a blob instead of
-  reading it as a key without memory.
+  reading it as a key without memory. The record a paged memory empties into
+  (EmptiedKeyState) adds ``emptied_buckets`` and says the version its other cells need: a
+  keylane before it reads it as a KeyState.
 
 Apart from paged memory, the whole blob must fit in one changelog record: the runtime checks
 every state it commits against the key's limit (see service/keylane/core/activation.py,
@@ -254,8 +256,20 @@ class PagedKeyState(KeyState, kw_only=True):
     pages: PageLayout
 
 
+class EmptiedKeyState(KeyState, kw_only=True):
+    """The record a key's paged memory emptied into (keylane.core.key_states): one record
+    again, after which the pages of ``emptied_buckets`` buckets (both slots) are written over
+    with empty pages. A crash can come between; the key's next write empties them first.
+
+    It says the version its other cells need: a keylane that predates the field reads it as
+    a KeyState and leaves the pages as they are (only bytes a compaction keeps)."""
+
+    emptied_buckets: int
+
+
 class _VersionProbe(msgspec.Struct):
     state_schema_version: int = 0
+    emptied_buckets: int = 0
 
 
 class _EpochProbe(msgspec.Struct):
@@ -265,6 +279,7 @@ class _EpochProbe(msgspec.Struct):
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(KeyState)
 _paged_decoder = msgspec.msgpack.Decoder(PagedKeyState)
+_emptied_decoder = msgspec.msgpack.Decoder(EmptiedKeyState)
 NO_MEMORY = MemoryBlob()
 """An empty MEMORY cell, for measuring or writing a state without its memory."""
 _probe = msgspec.msgpack.Decoder(_VersionProbe)
@@ -314,9 +329,15 @@ def paged(state: KeyState, layout: PageLayout) -> PagedKeyState:
     return PagedKeyState(**fields, pages=layout)
 
 
-def unpaged(state: PagedKeyState) -> KeyState:
-    """``state`` (whose memory is empty) written as one record again."""
+def unpaged(state: KeyState) -> KeyState:
+    """``state`` (whose memory is empty, if it was paged) as a plain KeyState: one record."""
     return KeyState(**{name: getattr(state, name) for name in KeyState.__struct_fields__})
+
+
+def emptied(state: KeyState, buckets: int) -> EmptiedKeyState:
+    """``state`` as the record a paged memory of ``buckets`` buckets emptied into."""
+    fields = {name: getattr(state, name) for name in KeyState.__struct_fields__}
+    return EmptiedKeyState(**fields, emptied_buckets=buckets)
 
 
 def decode_state(blob: bytes | None) -> KeyState:
@@ -324,16 +345,21 @@ def decode_state(blob: bytes | None) -> KeyState:
     if not blob:
         return KeyState()
     try:
-        version = _probe.decode(blob).state_schema_version
+        probe = _probe.decode(blob)
     except msgspec.DecodeError as exc:
         raise CorruptState(f"state blob does not decode: {exc}") from exc
+    version = probe.state_schema_version
     if version > STATE_SCHEMA_VERSION:
         raise StateFromTheFuture(
             f"state blob has schema version {version}, this keylane reads up to {STATE_SCHEMA_VERSION}; "
             "deploy the newer keylane"
         )
     try:
-        return (_paged_decoder if version == STATE_SCHEMA_VERSION else _decoder).decode(blob)
+        if probe.emptied_buckets:
+            return _emptied_decoder.decode(blob)
+        if version == STATE_SCHEMA_VERSION:
+            return _paged_decoder.decode(blob)
+        return _decoder.decode(blob)
     except msgspec.DecodeError as exc:
         raise CorruptState(f"state blob does not decode: {exc}") from exc
 

@@ -15,8 +15,15 @@ from keylane.authoring.context import ActivationContext
 from keylane.authoring.memory import Memory
 from keylane.cells import MemoryBlob, MemoryEntry
 from keylane.core.key_states import KeyStates, entity_items
-from keylane.core.pages import PAGED_FROM_BYTES, encode_page, is_page_key, page_key, page_owner
-from keylane.core.state import CorruptState, KeyState, PagedKeyState, decode_state, memory_bytes
+from keylane.core.pages import PAGED_FROM_BYTES, decode_page, encode_page, is_page_key, page_key, page_owner
+from keylane.core.state import (
+    CorruptState,
+    EmptiedKeyState,
+    KeyState,
+    PagedKeyState,
+    decode_state,
+    memory_bytes,
+)
 from keylane.kafka.topic_reader import TopicRecord
 from keylane.testing import AgentHarness
 
@@ -215,6 +222,44 @@ async def test_memory_emptied_empties_every_page_it_had_after_the_record() -> No
     assert memory_of(h) == expected(dict.fromkeys(range(40), 0))
     h.states = KeyStates(store.get, store.__setitem__)  # a restart: nothing kept
     assert memory_of(h) == expected(dict.fromkeys(range(40), 0))
+
+
+@pytest.mark.parametrize("next_input", ["run again", "fill:2", "fill:40"])
+async def test_pages_a_crash_left_after_the_emptied_record_are_emptied_by_the_keys_next_write(
+    next_input: str,
+) -> None:
+    """A kill -9 between the record memory emptied into and its empty pages leaves the pages
+    holding the memory, named by no record. The key's next write, the input run again (its
+    offset was not committed) or any other, empties them before its own record."""
+    h, store = harness()
+    await h.send_event(KEY, "fill:64")
+    await h.send_event(KEY, "set:1:1")  # both slots of a bucket hold a page
+    held = {k: v for k, v in store.items() if is_page_key(k)}
+    await h.send_event(KEY, "clear")
+    assert isinstance(decode_state(store[KEY]), EmptiedKeyState)
+    store.update(held)  # the record landed, none of its empty pages did
+    h.states = KeyStates(store.get, store.__setitem__)  # the restarted worker: nothing kept
+    store.log.clear()
+
+    if next_input == "run again":
+        await h.redeliver(h.records[-1])
+    else:
+        await h.send_event(KEY, next_input)
+
+    record = decode_state(store[KEY])
+    assert not isinstance(record, EmptiedKeyState)
+    assert store.log[-1][0] == KEY, "the record goes last"
+    named: set[bytes] = set()
+    if isinstance(record, PagedKeyState):
+        named = {page_key(KEY, b, record.pages.slot(b)) for b in range(record.pages.buckets)}
+    assert set(held) - named, "the test leaves pages no record names"
+    assert all(decode_page(store[k], "") == {} for k in set(held) - named)
+    want = {"run again": 0, "fill:2": 2, "fill:40": 40}[next_input]
+    assert memory_of(h) == expected(dict.fromkeys(range(want), 0))
+    if not named:  # emptied once: the write after that is the record alone
+        store.log.clear()
+        await h.send_event(KEY, "fill:3")
+        assert [key for key, _ in store.log] == [KEY]
 
 
 async def test_a_record_that_stays_inline_writes_no_page() -> None:

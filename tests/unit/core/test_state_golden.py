@@ -16,6 +16,7 @@ from keylane.core.state import (
     CacheEntry,
     Continuation,
     CorruptState,
+    EmptiedKeyState,
     KeyState,
     OutboxRecord,
     PagedKeyState,
@@ -23,9 +24,11 @@ from keylane.core.state import (
     PendingIntent,
     StateFromTheFuture,
     decode_state,
+    emptied,
     encode_state,
     epoch_of,
     paged,
+    unpaged,
 )
 
 # The msgpack bytes of reference_state(1), written by schema version 1. Version 2 only added
@@ -370,6 +373,19 @@ def test_only_a_paused_blob_says_version_5_and_a_version_4_keylane_reads_the_oth
     assert decode_state(bytes.fromhex(GOLDEN_HEX)).state_schema_version == PAUSED_SCHEMA_VERSION
     held_only = msgspec.structs.replace(unpaused, held=reference_state(5).held)
     assert decode_state(encode_state(held_only)).state_schema_version == 5
+
+
+def test_an_emptied_record_says_the_version_its_cells_need_and_an_older_keylane_reads_it() -> None:
+    """The record a paged memory empties into carries the buckets to empty; a keylane that
+    predates the field reads the rest (and leaves the pages: only bytes)."""
+    blob = encode_state(emptied(reference_state(4), 64))
+
+    decoded = decode_state(blob)
+    assert isinstance(decoded, EmptiedKeyState) and decoded.emptied_buckets == 64
+    assert unpaged(decoded) == reference_state(4)
+    old = msgspec.msgpack.decode(blob, type=_Version4Reader)
+    assert (old.state_schema_version, old.seq, old.epoch) == (4, 7, 12)
+    assert type(decode_state(encode_state(reference_state(4)))) is KeyState
 
 
 def test_a_version_3_blob_still_decodes_with_epoch_0() -> None:
