@@ -22,6 +22,11 @@ epoch, and a former owner's late one would delete its successor's page past the 
 named by no record, and the key's next write (the input run again, at the latest: its offset
 is committed only once every record it wrote is) empties them again before its own record.
 Every write follows a read of its key, which notes such a record.
+
+All of this assumes a local store that holds what the changelog holds: a worker killed with
+writes its changelog never got restores from the changelog alone
+(service/keylane/kafka/clean_stop.py), since a restore read over such a store can pair a
+record only it holds with pages the restore took back.
 """
 
 from __future__ import annotations

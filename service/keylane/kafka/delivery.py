@@ -105,6 +105,8 @@ class DeliveryGuard:
         self.exit_after_s: float | None = None
         """Set by the process runner: after a produce failure the process exits (code 1)
         this long after the crash began, if Faust's own shutdown has not ended it first."""
+        self.unconfirmed = 0
+        """Records handed off (tracked) that Kafka has not confirmed or refused yet."""
         self._limits: dict[str, int] = {}
         self._crash: asyncio.Future[None] | None = None
         self._producer_max: int | None = None
@@ -163,12 +165,14 @@ class DeliveryGuard:
     def track(self, what: object, delivery: asyncio.Future[Any]) -> None:
         """Watch one handed-off record: a failure crashes the worker even if nobody waits for
         it, and the running unit of work (``confirming``) waits for it."""
+        self.unconfirmed += 1
         delivery.add_done_callback(lambda done: self._on_done(what, done))
         work = _work.get(None)
         if work is not None:
             work.pending.append((what, delivery))
 
     def _on_done(self, what: object, delivery: asyncio.Future[Any]) -> None:
+        self.unconfirmed -= 1
         error = _error_of(delivery)
         if error is not None:
             self.fail(what, error)

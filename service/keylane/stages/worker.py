@@ -16,6 +16,7 @@ from keylane.config import Settings
 from keylane.core.activation import KeyRuntime
 from keylane.errors import ConfigError, TopicDrift
 from keylane.kafka.app import App, build_app, changelog_record_limit, readiness, run
+from keylane.kafka.clean_stop import discard_stores_after_unclean_stop, mark_clean_stop
 from keylane.kafka.delivery import delivery_guard
 from keylane.kafka.group_identity import refuse_foreign_agent, worker_client_id
 from keylane.kafka.topic_admin import admin_client, inspect_catalog, quiet_client_logs
@@ -168,14 +169,20 @@ def _run(app: App, settings: Settings, *, role: str, app_id: str) -> int:
             ready=readiness(app).not_ready,
             host=settings.metrics_host,
         )
+    data_dir = Path(settings.data_dir)
+    discard_stores_after_unclean_stop(app, data_dir)
     freeze_startup_objects(app)
+    code = 0
     try:
-        run(app, loglevel=settings.log_level.upper(), on_loop=heartbeat.start)
-    except SystemExit as exc:
-        return int(exc.code or 0)
+        try:
+            run(app, loglevel=settings.log_level.upper(), on_loop=heartbeat.start)
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        if code == 0:
+            mark_clean_stop(app, data_dir)
     finally:
         lock.close()
-    return 0
+    return code
 
 
 def _lock_data_dir(data_dir: Path) -> IO[bytes]:
