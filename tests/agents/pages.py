@@ -11,10 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from pathlib import Path
+from typing import Any
 
 from keylane import ActivationContext, Complete
+from keylane.core.key_states import KeyStates
 
 PAGE_FILL_ENTRIES = 24
+EXIT_AFTER_WRITING = "PAGES_EXIT_AFTER_WRITING"
+"""Set to ``<event>,<marker file>``: the worker process exits (code 137, no shutdown) right
+after the table write of that event's activation, before any of its changelog records left,
+the first time only (the marker file says it happened): a kill -9 at the one point where the
+local store holds writes its changelog never got."""
 
 
 def filled(version: str) -> dict[str, str]:
@@ -30,9 +39,42 @@ def digest(entries: dict[str, str]) -> str:
     return sha.hexdigest()[:16]
 
 
+def expected_found(events: list[str]) -> list[str]:
+    """What each of a key's events finds (its output's ``found``): the memory the event before
+    it left."""
+    found: list[str] = []
+    memory: dict[str, str] = {}
+    for event in events:
+        found.append(digest(memory))
+        command, _, version = event.partition(":")
+        memory = filled(version) if command == "fill" else {}
+    return found
+
+
+_exit_after: tuple[str, Path] | None = None
+_exiting = False
+if os.environ.get(EXIT_AFTER_WRITING):
+    _event, _, _marker = os.environ[EXIT_AFTER_WRITING].partition(",")
+    _exit_after = (_event, Path(_marker))
+    _write = KeyStates.write
+
+    def _write_then_exit(self: KeyStates, *args: Any, **kwargs: Any) -> int:
+        written = _write(self, *args, **kwargs)
+        if _exiting:
+            assert _exit_after is not None
+            _exit_after[1].touch()
+            os._exit(137)
+        return written
+
+    KeyStates.write = _write_then_exit  # type: ignore[method-assign]
+
+
 async def agent(ctx: ActivationContext) -> Complete:
+    global _exiting
     found = {name: ctx.memory.get(name) for name in ctx.memory.keys()}  # noqa: SIM118 (Memory is no dict)
     event = ctx.event.decode()
+    if _exit_after is not None and event == _exit_after[0] and not _exit_after[1].exists():
+        _exiting = True
     command, _, version = event.partition(":")
     if command == "fill":
         for name, value in filled(version).items():

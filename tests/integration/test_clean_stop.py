@@ -3,22 +3,26 @@ its changelog alone after a kill -9 (service/keylane/kafka/clean_stop.py): a kil
 store can hold writes its changelog never got.
 
 Paged memory is what such a store would tear (a record only the store holds, beside pages a
-restore read took back), so the agent here pages its memory; tests/integration/
-test_emptied_memory_crash.py attacks the same with kills at seeded points.
+restore read took back), so the agent here pages its memory. The second test exits the worker
+at the one point that leaves such writes; tests/integration/test_emptied_memory_crash.py
+attacks the same with kills at seeded points.
 """
 
 from __future__ import annotations
 
+import asyncio
+import shutil
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from keylane.catalog import EVENTS, Catalog
+from keylane.catalog import ERRORS, EVENTS, Catalog
 from keylane.config import Settings
 from keylane.kafka.clean_stop import CLEAN_STOP_MARKER
+from keylane.kafka.topic_reader import read_to_end
 from keylane.wire import AgentEnvelope, encode
-from tests.agents.pages import digest, filled
+from tests.agents.pages import EXIT_AFTER_WRITING, digest, expected_found, filled
 from tests.integration.stream_checks import outputs_by_id
 from tests.kafka_io import produce
 from tests.processes import KeylaneProcess, process_env, running
@@ -74,3 +78,48 @@ async def test_a_stop_keeps_the_stores_and_a_kill_9_restores_them_from_the_chang
         name = key.decode()
         assert found[(name, f"fill:{name}-1")] == digest(filled(f"{name}-0"))
         assert found[(name, f"fill:{name}-2")] == digest(filled(f"{name}-1"))
+
+
+@pytest.mark.timeout(240)
+async def test_a_worker_gone_between_its_table_write_and_the_changelog_restores_each_key_whole(
+    settings: Settings, catalog: Catalog, tmp_path: Path
+) -> None:
+    """The worker exits right after fill:doc-0-1's table write: its store holds that record and
+    its pages, the changelog none of them. Started over that store, its restore could keep the
+    record and take pages back, or keep both, and the input run again would find the record
+    and commit it alone: either way the changelog would not hold the memory fill left. So the
+    last start has no store at all, and clear:doc-0-1 must find what fill:doc-0-1 left."""
+    key = b"doc-0"
+    first, then = ["fill:doc-0-0", "clear:doc-0-0", "fill:doc-0-1"], ["clear:doc-0-1", "fill:doc-0-2"]
+    exited = tmp_path / "exited"
+    env = process_env(settings, **{EXIT_AFTER_WRITING: f"fill:doc-0-1,{exited}"})
+    worker = KeylaneProcess(["worker", "--agent", "tests.agents.pages:agent"], env, tmp_path / "worker.log")
+
+    def envelopes(events: list[str]) -> list[tuple[bytes, bytes]]:
+        return [(key, encode(AgentEnvelope(payload=event))) for event in events]
+
+    with running(worker):
+        await produce(settings, catalog.name(EVENTS), envelopes(first))
+        for _ in range(600):
+            if worker.returncode is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert worker.returncode == 137 and exited.exists(), worker.tail()
+        worker.start()
+        assert UNCLEAN in worker.log_since_start()
+        await outputs_by_id(settings, catalog, len(first), timeout_s=90)
+        assert worker.stop() == 0
+        shutil.rmtree(settings.data_dir / "v1")  # the next start reads the changelog alone
+        worker.start()
+        await produce(settings, catalog.name(EVENTS), envelopes(then))
+        outputs = await outputs_by_id(settings, catalog, len(first) + len(then), timeout_s=90)
+        worker.stop()
+
+    found = {}
+    for values in outputs.values():
+        assert len(values) == 1
+        output = msgspec.json.decode(next(iter(values)))
+        found[output["event"]] = output["found"]
+    events = first + then
+    assert [found[event] for event in events] == expected_found(events)
+    assert await read_to_end(settings, catalog.name(ERRORS)) == []

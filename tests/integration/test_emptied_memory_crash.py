@@ -27,7 +27,7 @@ from keylane.core.pages import decode_page, is_page_key, page_owner
 from keylane.core.state import state_changelog
 from keylane.kafka.topic_reader import read_to_end
 from keylane.wire import AgentEnvelope, encode
-from tests.agents.pages import digest, filled
+from tests.agents.pages import expected_found
 from tests.integration.stream_checks import outputs_by_id
 from tests.kafka_io import produce
 from tests.processes import KeylaneProcess, process_env, running
@@ -43,17 +43,6 @@ def events_of(key: bytes) -> list[str]:
     """fill:<r>, clear:<r> for each round (each event unique); odd keys end filled (one more fill)."""
     events = [e for r in range(ROUNDS) for e in (f"fill:{key.decode()}-{r}", f"clear:{key.decode()}-{r}")]
     return events + ([f"fill:{key.decode()}-last"] if int(key.decode().split("-")[1]) % 2 else [])
-
-
-def expected_found(events: list[str]) -> list[str]:
-    """What each event's activation finds: the memory the event before it left."""
-    found: list[str] = []
-    memory: dict[str, str] = {}
-    for event in events:
-        found.append(digest(memory))
-        command, _, version = event.partition(":")
-        memory = filled(version) if command == "fill" else {}
-    return found
 
 
 @pytest.mark.timeout(300)

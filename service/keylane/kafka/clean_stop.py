@@ -16,6 +16,10 @@ unconfirmed and no produce failed, and removes it when it starts. A start that f
 marker beside existing stores deletes them, and every partition restores from its
 changelog alone: what Kafka Streams does with its stores after an unclean shutdown under
 exactly-once. The cost is a full restore after a crash; a stop by signal keeps the stores.
+
+The effector does not do this (service/keylane/stages/worker.py): its claims are one record
+each, and a Done its store holds is written to the changelog again before its result is
+republished, so what a crash left in its store saves a tool a second run.
 """
 
 from __future__ import annotations

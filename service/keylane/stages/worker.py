@@ -103,7 +103,7 @@ def run_worker(settings: Settings, catalog: Catalog, *, agent_ref: str, config_r
     metrics.zero(metrics.LLM_ERRORS, (error.__name__ for error in PROVIDER_ERRORS))
     metrics.zero(metrics.LLM_RETRIES, (error.__name__ for error in RETRIABLE_ERRORS))
     log.info("keylane worker %s running %s on %s", settings.app_id, agent_ref, settings.bootstrap_servers)
-    return _run(app, settings, role="worker", app_id=settings.app_id)
+    return _run(app, settings, role="worker", app_id=settings.app_id, restore_after_crash=True)
 
 
 def provider_from_url(url: str) -> ResilientProvider:
@@ -146,16 +146,20 @@ def run_effector(
         intent_signatures=parse_mode(settings.intent_signatures, "KEYLANE_INTENT_SIGNATURES"),
     )
     log.info("keylane effector with tools %s", ", ".join(default_registry.names()))
-    return _run(app, effector_settings, role="effector", app_id=settings.app_id)
+    # Claims are one record each, and a Done the local store holds is written again before its
+    # result is republished: what a crash left there saves a tool a second run.
+    return _run(app, effector_settings, role="effector", app_id=settings.app_id, restore_after_crash=False)
 
 
 CRASH_EXIT_AFTER_S = 20.0
 """A process whose produce failed exits this long after its crash began at the latest."""
 
 
-def _run(app: App, settings: Settings, *, role: str, app_id: str) -> int:
+def _run(app: App, settings: Settings, *, role: str, app_id: str, restore_after_crash: bool) -> int:
     """Run a worker's or an effector's app until a signal, with its metrics port (when
-    ``settings.metrics_port`` is not 0) and ``keylane_info``; returns the exit code."""
+    ``settings.metrics_port`` is not 0) and ``keylane_info``; returns the exit code. With
+    ``restore_after_crash``, table stores are kept only across a clean stop
+    (service/keylane/kafka/clean_stop.py)."""
     delivery_guard(app).exit_after_s = CRASH_EXIT_AFTER_S
     Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
     lock = _lock_data_dir(Path(settings.data_dir))
@@ -170,7 +174,8 @@ def _run(app: App, settings: Settings, *, role: str, app_id: str) -> int:
             host=settings.metrics_host,
         )
     data_dir = Path(settings.data_dir)
-    discard_stores_after_unclean_stop(app, data_dir)
+    if restore_after_crash:
+        discard_stores_after_unclean_stop(app, data_dir)
     freeze_startup_objects(app)
     code = 0
     try:
@@ -178,7 +183,7 @@ def _run(app: App, settings: Settings, *, role: str, app_id: str) -> int:
             run(app, loglevel=settings.log_level.upper(), on_loop=heartbeat.start)
         except SystemExit as exc:
             code = int(exc.code or 0)
-        if code == 0:
+        if code == 0 and restore_after_crash:
             mark_clean_stop(app, data_dir)
     finally:
         lock.close()
