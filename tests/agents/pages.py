@@ -51,6 +51,16 @@ def expected_found(events: list[str]) -> list[str]:
     return found
 
 
+def found_by_event(outputs: dict[str, set[bytes]]) -> dict[tuple[str, str], str]:
+    """(key, event): the memory digest its activation found, from outputs by id (one each)."""
+    found: dict[tuple[str, str], str] = {}
+    for values in outputs.values():
+        assert len(values) == 1, f"one output per id: {values}"
+        output = json.loads(next(iter(values)))
+        found[(output["key"], output["event"])] = output["found"]
+    return found
+
+
 _exit_after: tuple[str, Path] | None = None
 _exiting = False
 if os.environ.get(EXIT_AFTER_WRITING):

@@ -10,11 +10,9 @@ attacks the same with kills at seeded points.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from keylane.catalog import ERRORS, EVENTS, Catalog
@@ -22,8 +20,8 @@ from keylane.config import Settings
 from keylane.kafka.clean_stop import CLEAN_STOP_MARKER
 from keylane.kafka.topic_reader import read_to_end
 from keylane.wire import AgentEnvelope, encode
-from tests.agents.pages import EXIT_AFTER_WRITING, digest, expected_found, filled
-from tests.integration.stream_checks import outputs_by_id
+from tests.agents.pages import EXIT_AFTER_WRITING, digest, expected_found, filled, found_by_event
+from tests.integration.stream_checks import outputs_by_id, wait_until
 from tests.kafka_io import produce
 from tests.processes import KeylaneProcess, process_env, running
 
@@ -69,11 +67,7 @@ async def test_a_stop_keeps_the_stores_and_a_kill_9_restores_them_from_the_chang
         outputs = await outputs_by_id(settings, catalog, 3 * len(KEYS), timeout_s=90)
         worker.stop()
 
-    found = {}
-    for values in outputs.values():
-        assert len(values) == 1
-        output = msgspec.json.decode(next(iter(values)))
-        found[(output["key"], output["event"])] = output["found"]
+    found = found_by_event(outputs)
     for key in KEYS:  # each fill found the memory the one before it left, across both restarts
         name = key.decode()
         assert found[(name, f"fill:{name}-1")] == digest(filled(f"{name}-0"))
@@ -100,10 +94,7 @@ async def test_a_worker_gone_between_its_table_write_and_the_changelog_restores_
 
     with running(worker):
         await produce(settings, catalog.name(EVENTS), envelopes(first))
-        for _ in range(600):
-            if worker.returncode is not None:
-                break
-            await asyncio.sleep(0.1)
+        await wait_until(lambda: worker.returncode is not None, timeout_s=60, what="the worker's exit")
         assert worker.returncode == 137 and exited.exists(), worker.tail()
         worker.start()
         assert UNCLEAN in worker.log_since_start()
@@ -115,11 +106,7 @@ async def test_a_worker_gone_between_its_table_write_and_the_changelog_restores_
         outputs = await outputs_by_id(settings, catalog, len(first) + len(then), timeout_s=90)
         worker.stop()
 
-    found = {}
-    for values in outputs.values():
-        assert len(values) == 1
-        output = msgspec.json.decode(next(iter(values)))
-        found[output["event"]] = output["found"]
+    found = found_by_event(outputs)
     events = first + then
-    assert [found[event] for event in events] == expected_found(events)
+    assert [found[("doc-0", event)] for event in events] == expected_found(events)
     assert await read_to_end(settings, catalog.name(ERRORS)) == []

@@ -18,7 +18,6 @@ import shutil
 from collections import defaultdict
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from keylane.catalog import ERRORS, EVENTS, OUTPUT, Catalog
@@ -27,7 +26,7 @@ from keylane.core.pages import decode_page, is_page_key, page_owner
 from keylane.core.state import state_changelog
 from keylane.kafka.topic_reader import read_to_end
 from keylane.wire import AgentEnvelope, encode
-from tests.agents.pages import expected_found
+from tests.agents.pages import expected_found, found_by_event
 from tests.integration.stream_checks import outputs_by_id
 from tests.kafka_io import produce
 from tests.processes import KeylaneProcess, process_env, running
@@ -81,13 +80,10 @@ async def test_memory_that_empties_survives_kill_9_and_leaves_no_page_behind(
         worker.stop()
 
     assert len(outputs) == total and all(len(values) == 1 for values in outputs.values())
-    found: dict[str, dict[str, str]] = defaultdict(dict)
-    for values in outputs.values():
-        output = msgspec.json.decode(next(iter(values)))
-        found[output["key"]][output["event"]] = output["found"]
+    found = found_by_event(outputs)
     for key, key_events in payloads.items():
         want = expected_found(key_events)
-        got = [found[key.decode()][event] for event in key_events]
+        got = [found[(key.decode(), event)] for event in key_events]
         assert got == want, f"{key!r}: an activation found other memory than its previous event left"
     errors = await read_to_end(settings, catalog.name(ERRORS))
     assert errors == [], f"no activation failed (poison_state is a missing or torn page): {errors[:3]}"

@@ -60,7 +60,7 @@ every state it commits against the key's limit (see service/keylane/core/activat
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -323,21 +323,24 @@ def memory_bytes(memory: MemoryBlob) -> int:
     return sum(entry_bytes(name, entry.value) for name, entry in memory.entries.items())
 
 
+def _key_state_fields(state: KeyState) -> dict[str, Any]:
+    """``state``'s KeyState fields, without those of its subclass."""
+    return {name: getattr(state, name) for name in KeyState.__struct_fields__}
+
+
 def paged(state: KeyState, layout: PageLayout) -> PagedKeyState:
     """``state`` with its memory kept in pages laid out as ``layout``."""
-    fields = {name: getattr(state, name) for name in KeyState.__struct_fields__}
-    return PagedKeyState(**fields, pages=layout)
+    return PagedKeyState(**_key_state_fields(state), pages=layout)
 
 
 def unpaged(state: KeyState) -> KeyState:
     """``state`` (whose memory is empty, if it was paged) as a plain KeyState: one record."""
-    return KeyState(**{name: getattr(state, name) for name in KeyState.__struct_fields__})
+    return KeyState(**_key_state_fields(state))
 
 
 def emptied(state: KeyState, buckets: int) -> EmptiedKeyState:
     """``state`` as the record a paged memory of ``buckets`` buckets emptied into."""
-    fields = {name: getattr(state, name) for name in KeyState.__struct_fields__}
-    return EmptiedKeyState(**fields, emptied_buckets=buckets)
+    return EmptiedKeyState(**_key_state_fields(state), emptied_buckets=buckets)
 
 
 def decode_state(blob: bytes | None) -> KeyState:

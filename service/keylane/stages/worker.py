@@ -161,8 +161,9 @@ def _run(app: App, settings: Settings, *, role: str, app_id: str, restore_after_
     ``restore_after_crash``, table stores are kept only across a clean stop
     (service/keylane/kafka/clean_stop.py)."""
     delivery_guard(app).exit_after_s = CRASH_EXIT_AFTER_S
-    Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
-    lock = _lock_data_dir(Path(settings.data_dir))
+    data_dir = Path(settings.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    lock = _lock_data_dir(data_dir)
     metrics.set_info(role=role, app_id=app_id, topic_prefix=settings.topic_prefix, version=keylane_version())
     metrics.zero_fixed_labels()
     heartbeat = Heartbeat()
@@ -173,7 +174,6 @@ def _run(app: App, settings: Settings, *, role: str, app_id: str, restore_after_
             ready=readiness(app).not_ready,
             host=settings.metrics_host,
         )
-    data_dir = Path(settings.data_dir)
     if restore_after_crash:
         discard_stores_after_unclean_stop(app, data_dir)
     freeze_startup_objects(app)
