@@ -4,10 +4,14 @@ agent doing the same job, both sampled by py-spy.
     python -m bench.profile [--records 20000] [--out bench/out]
 
 It deploys a fresh catalog (the broker from KAFKA_BOOTSTRAP_SERVERS, else a local Kafka 3.9
-from the Maven jars) and pre-fills e2e_noop's input (1,000 keys). Then, one after the other
-over that same backlog, it starts the plain Faust peer of ``make bench`` (bench/peers.py: a
-table write and an output per record) and a keylane worker with the no-op agent, and samples
-every thread of each with py-spy from its start until its last output. It writes, in ``--out``:
+from the Maven jars). Then, one after the other, it starts the plain Faust peer of ``make
+bench`` (bench/peers.py: a table write and an output per record) and a keylane worker with the
+no-op agent, each on an input topic of its own. Once a process is ready and py-spy reports
+that it samples it, the backlog (the same records for both, 1,000 keys) goes into that
+process's input, and py-spy samples every thread until the last output. Filling the input
+only then is what makes the samples cover the whole backlog: a pre-filled one could be gone
+before py-spy attaches (it cannot attach before the interpreter is up), which left a short
+run with no sample at all. It writes, in ``--out``:
 
 * ``profile-e2e_noop.svg`` and ``profile-faust_peer.svg``: py-spy's flame graphs;
 * ``profile-e2e_noop.txt``: both rates; the CPU each process spent per record (utime and
@@ -36,8 +40,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +59,8 @@ NAME = "e2e_noop"
 PEER = "faust_peer"
 KEYS = 1000
 SAMPLE_RATE_HZ = 200
+SAMPLING_LINE = b"Sampling process"  # what py-spy record prints once it has attached
+SAMPLING_TIMEOUT_S = 30.0
 
 AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("metrics", ("prometheus_client/", "keylane/metrics")),
@@ -182,7 +189,28 @@ def sample(pid: int, output: Path, fmt: str) -> subprocess.Popen[bytes]:
         "--gil",
     ]
     argv += ["--format", fmt, "--output", str(output)]
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_sampling(sampler: subprocess.Popen[bytes], timeout_s: float = SAMPLING_TIMEOUT_S) -> None:
+    """Return once py-spy says (on stdout) that it samples its process; BenchFailure if it
+    exits first or says nothing within ``timeout_s`` (a timer kills it then, which ends the
+    blocked read)."""
+    assert sampler.stdout is not None
+    said = b""
+    timer = threading.Timer(timeout_s, sampler.kill)
+    timer.start()
+    try:
+        for line in iter(sampler.stdout.readline, b""):  # its first line once it has attached
+            said += line
+            if SAMPLING_LINE in line:
+                return
+    finally:
+        timer.cancel()
+    sampler.kill()
+    rest, err = sampler.communicate()
+    text = (said + rest + err).decode(errors="replace")[-500:]
+    raise BenchFailure(f"py-spy did not start sampling (exit {sampler.returncode}): {text}")
 
 
 def finish(sampler: subprocess.Popen[bytes]) -> None:
@@ -210,6 +238,15 @@ def cpu_seconds(pid: int) -> float | None:
     return (utime + stime) / os.sysconf("SC_CLK_TCK")
 
 
+@dataclass(frozen=True)
+class Backlog:
+    """The records a profiled process works through, and the input they go to."""
+
+    bootstrap: str
+    topic: str
+    records: Sequence[tuple[bytes, bytes]]
+
+
 @dataclass
 class Sampled:
     """One process's run through the backlog: its output rate, py-spy's stacks and the CPU
@@ -230,23 +267,29 @@ class Sampled:
 
 
 async def _through_backlog(
-    process: ManagedProcess, reader: Reader, name: str, records: int, out: Path
+    process: ManagedProcess, reader: Reader, name: str, backlog: Backlog, out: Path
 ) -> Sampled:
-    """Start ``process``, sample it until ``reader`` saw ``records`` outputs; the flame graph
-    goes to ``out/profile-<name>.svg``."""
+    """Start ``process``; once py-spy samples it, fill its input with ``backlog`` and sample
+    until ``reader`` saw every record's output. The flame graph goes to
+    ``out/profile-<name>.svg``."""
     raw, svg = out / f"profile-{name}.raw", out / f"profile-{name}.svg"
+    records = len(backlog.records)
     await reader.start()
     await start(process)
     assert process.proc is not None
     pid = process.proc.pid
-    before = cpu_seconds(pid)
     samplers = [sample(pid, raw, "raw"), sample(pid, svg, "flamegraph")]
     try:
+        for sampler in samplers:
+            await asyncio.to_thread(wait_sampling, sampler)
+        before = cpu_seconds(pid)
+        await produce_all(backlog.bootstrap, backlog.topic, backlog.records)
         outputs = await reader.take(records, timeout_s=60 + records / 100, watch=[process])
         after = cpu_seconds(pid)
     finally:
         for sampler in samplers:
-            finish(sampler)
+            if sampler.returncode is None:  # not one wait_sampling gave up on
+                finish(sampler)
     stacks = parse_collapsed(raw.read_text().splitlines())
     raw.unlink()
     cpu_s = None if before is None or after is None else after - before
@@ -294,26 +337,26 @@ def compare(ours: Sampled, peer: Sampled) -> str:
 
 async def profile(bootstrap: str, records: int, out: Path) -> str:
     bed = Testbed(bootstrap)
-    sink = f"{bed.run_id}-profile.peer.output"
-    deployment = await bed.deploy("profile", extra_topics=[sink])
-    progress(f"profile: pre-filling {records} records over {KEYS} keys")
-    source = deployment.topic(EVENTS)
-    await produce_all(bootstrap, source, noop_events(KEYS, records, "p"))
+    # The peer's input is shaped like agent.output, which has agent.events' partition count.
+    source, sink = f"{bed.run_id}-profile.peer.events", f"{bed.run_id}-profile.peer.output"
+    deployment = await bed.deploy("profile", extra_topics=[source, sink])
+    events = noop_events(KEYS, records, "p")
     out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, before the runs)
     try:
-        progress(f"profile: {PEER} over the backlog")
+        progress(f"profile: {PEER}, {records} records over {KEYS} keys")
         reader = Reader(bootstrap, sink, deployment.partitions(OUTPUT))
         peer_process = bed.peer(deployment, "faust", source, sink)
         try:
-            peer = await _through_backlog(peer_process, reader, PEER, records, out)
+            peer = await _through_backlog(peer_process, reader, PEER, Backlog(bootstrap, source, events), out)
         finally:
             await reader.stop()
             await stop(peer_process)
-        progress(f"profile: {NAME}, keylane worker over the same backlog")
+        progress(f"profile: {NAME}, keylane worker over the same records")
         reader = Reader(bootstrap, deployment.topic(OUTPUT), deployment.partitions(OUTPUT))
         worker = bed.worker(deployment, agent="bench.agents:noop", config="bench.agents:noop_config")
+        backlog = Backlog(bootstrap, deployment.topic(EVENTS), events)
         try:
-            ours = await _through_backlog(worker, reader, NAME, records, out)
+            ours = await _through_backlog(worker, reader, NAME, backlog, out)
         finally:
             await reader.stop()
             await stop(worker)

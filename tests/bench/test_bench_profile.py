@@ -10,7 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from bench.profile import NAME, PEER, Sampled, area_of, compare, cpu_seconds, parse_collapsed, summarise
+from bench.harness import BenchFailure
+from bench.profile import (
+    NAME,
+    PEER,
+    Sampled,
+    area_of,
+    compare,
+    cpu_seconds,
+    parse_collapsed,
+    summarise,
+    wait_sampling,
+)
 from tests.broker import REPO
 
 HEAD = 'process 1:"python -m keylane.cli worker"'
@@ -91,3 +102,31 @@ def test_a_profile_of_a_worker_under_load_is_written(kafka_bootstrap: str, tmp_p
     peer_svg = (tmp_path / "profile-faust_peer.svg").read_text()
     assert "<svg" in peer_svg[:2000]
     assert not list(tmp_path.glob("*.raw"))
+
+
+def _stand_in(script: str) -> subprocess.Popen[bytes]:
+    """A process that speaks the way py-spy record does: progress on stdout, errors on stderr."""
+    return subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_the_backlog_waits_for_py_spy_to_say_it_samples() -> None:
+    sampler = _stand_in("echo 'py-spy> Sampling process 200 times a second.'; exec sleep 30")
+    try:
+        wait_sampling(sampler, timeout_s=10)
+        assert sampler.poll() is None  # still sampling
+    finally:
+        sampler.kill()
+        sampler.communicate()
+
+
+def test_a_py_spy_that_cannot_attach_fails_the_profile_with_its_words() -> None:
+    sampler = _stand_in("echo 'Error: Failed to find python version from target process' >&2; exit 1")
+    with pytest.raises(BenchFailure, match=r"did not start sampling .*Failed to find python version"):
+        wait_sampling(sampler, timeout_s=10)
+
+
+def test_a_silent_py_spy_is_given_up_on() -> None:
+    sampler = _stand_in("exec sleep 30")
+    with pytest.raises(BenchFailure, match="did not start sampling"):
+        wait_sampling(sampler, timeout_s=0.5)
+    assert sampler.returncode is not None
