@@ -31,6 +31,7 @@ from pathlib import Path
 import faust
 
 from keylane.kafka.delivery import delivery_guard
+from keylane.kafka.restore_start import OWNER_SUFFIX
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,8 @@ def discard_stores_after_unclean_stop(app: faust.App, data_dir: Path) -> bool:
     remove the marker, so that a crash of this run is seen by the next. Returns whether the
     stores were deleted."""
     marker = data_dir / CLEAN_STOP_MARKER
-    stores = Path(app.conf.tabledir)
-    unclean = not marker.exists() and stores.is_dir() and any(stores.iterdir())
+    stores = partition_stores(Path(app.conf.tabledir))
+    unclean = not marker.exists() and bool(stores)
     if unclean:
         log.warning(
             "the last run with data dir %s did not stop cleanly (killed, or a produce failed): "
@@ -51,9 +52,21 @@ def discard_stores_after_unclean_stop(app: faust.App, data_dir: Path) -> bool:
             "every partition restores from its changelog",
             data_dir,
         )
-        shutil.rmtree(stores)
+        for store in stores:
+            shutil.rmtree(store)
+            # What restore_start.py knew of the store goes with it.
+            store.with_name(f"{store.name}{OWNER_SUFFIX}").unlink(missing_ok=True)
     marker.unlink(missing_ok=True)
     return unclean
+
+
+def partition_stores(tabledir: Path) -> list[Path]:
+    """The RocksDB stores of the table partitions this data dir held (``<table>-<n>.db``).
+    Not the rest: Faust makes an empty ``<table>-backups`` directory as it builds a table, so
+    a fresh data dir has that before the first run ever wrote anything."""
+    if not tabledir.is_dir():
+        return []
+    return sorted(path for path in tabledir.iterdir() if path.is_dir() and path.suffix == ".db")
 
 
 def mark_clean_stop(app: faust.App, data_dir: Path) -> bool:

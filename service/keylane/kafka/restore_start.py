@@ -50,6 +50,9 @@ from keylane.kafka.epochs import group_generation
 
 log = logging.getLogger(__name__)
 
+OWNER_SUFFIX = ".owner"
+"""What a partition's store directory's name takes for the file of when this worker held it."""
+
 
 @dataclass(frozen=True)
 class Held:
@@ -193,7 +196,7 @@ class RestoreStart:
 
     def _record_path(self, partition: int) -> Path:
         directory: Path = self.table.data.partition_path(partition)
-        return directory.with_name(f"{directory.name}.owner")
+        return directory.with_name(f"{directory.name}{OWNER_SUFFIX}")
 
     def _held(self, partition: int) -> Held | None:
         try:

@@ -49,7 +49,7 @@ async def test_a_record_not_confirmed_at_the_stop_discards_the_stores(
 
     assert not mark_clean_stop(app, tmp_path)
     assert discard_stores_after_unclean_stop(app, tmp_path)
-    assert not stores.exists()
+    assert not (stores / "keylane-state-0.db").exists()
     assert "did not stop cleanly" in caplog.text
 
 
@@ -59,8 +59,25 @@ def test_a_killed_run_leaves_no_marker_and_its_stores_go(app: faust.App, tmp_pat
     assert not discard_stores_after_unclean_stop(app, tmp_path)  # the start removes the marker
     # ... and the run is killed: nothing marks it.
     assert discard_stores_after_unclean_stop(app, tmp_path)
-    assert not stores.exists()
+    assert not (stores / "keylane-state-0.db").exists()
 
 
-def test_a_first_start_has_nothing_to_discard(app: faust.App, tmp_path: Path) -> None:
+def test_a_first_start_has_nothing_to_discard(
+    app: faust.App, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     assert not discard_stores_after_unclean_stop(app, tmp_path)
+    # Faust's RocksDB store makes "<table>-backups" as the table is built, before any run:
+    # that is no store, and a first start says nothing of an unclean stop.
+    app.conf.store = "rocksdb://"
+    app.Table("first-start", default=int).data  # noqa: B018 - building the store is the point
+    assert (Path(app.conf.tabledir) / "first-start-backups").is_dir()
+    assert not discard_stores_after_unclean_stop(app, tmp_path)
+    assert "did not stop cleanly" not in caplog.text
+
+
+def test_only_the_partition_stores_and_their_records_are_discarded(app: faust.App, tmp_path: Path) -> None:
+    stores = stores_of(app)
+    (stores / "keylane-state-0.db.owner").write_text("{}")
+    (stores / "keylane-state-backups").mkdir()
+    assert discard_stores_after_unclean_stop(app, tmp_path)
+    assert sorted(path.name for path in stores.iterdir()) == ["keylane-state-backups"]
