@@ -39,6 +39,14 @@ def digest(entries: dict[str, str]) -> str:
     return sha.hexdigest()[:16]
 
 
+def fill_and_clear(key: bytes, rounds: int) -> list[str]:
+    """``fill:<key>-<r>``, ``clear:<key>-<r>`` for each round (every event unique); a key whose
+    number (``doc-<n>``) is odd ends filled, with one more fill."""
+    name = key.decode()
+    events = [e for r in range(rounds) for e in (f"fill:{name}-{r}", f"clear:{name}-{r}")]
+    return events + ([f"fill:{name}-last"] if int(name.split("-")[1]) % 2 else [])
+
+
 def expected_found(events: list[str]) -> list[str]:
     """What each of a key's events finds (its output's ``found``): the memory the event before
     it left."""

@@ -15,18 +15,16 @@ from __future__ import annotations
 import asyncio
 import random
 import shutil
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-from keylane.catalog import ERRORS, EVENTS, OUTPUT, Catalog
+from keylane.catalog import EVENTS, OUTPUT, Catalog
 from keylane.config import Settings
-from keylane.core.pages import decode_page, is_page_key, page_owner
-from keylane.core.state import state_changelog
 from keylane.kafka.topic_reader import read_to_end
 from keylane.wire import AgentEnvelope, encode
-from tests.agents.pages import expected_found, found_by_event
+from tests.agents.pages import fill_and_clear
+from tests.integration.pages_checks import assert_paged_memory_whole
 from tests.integration.stream_checks import outputs_by_id
 from tests.kafka_io import produce
 from tests.processes import KeylaneProcess, process_env, running
@@ -38,18 +36,12 @@ ROUNDS = 4  # fill, clear, fill, clear, ... per key
 SEED = 11
 
 
-def events_of(key: bytes) -> list[str]:
-    """fill:<r>, clear:<r> for each round (each event unique); odd keys end filled (one more fill)."""
-    events = [e for r in range(ROUNDS) for e in (f"fill:{key.decode()}-{r}", f"clear:{key.decode()}-{r}")]
-    return events + ([f"fill:{key.decode()}-last"] if int(key.decode().split("-")[1]) % 2 else [])
-
-
 @pytest.mark.timeout(300)
 async def test_memory_that_empties_survives_kill_9_and_leaves_no_page_behind(
     settings: Settings, catalog: Catalog, tmp_path: Path
 ) -> None:
     rng = random.Random(SEED)
-    payloads = {key: events_of(key) for key in KEYS}
+    payloads = {key: fill_and_clear(key, ROUNDS) for key in KEYS}
     events = [
         (key, encode(AgentEnvelope(payload=payloads[key][i])))
         for i in range(max(map(len, payloads.values())))
@@ -79,26 +71,4 @@ async def test_memory_that_empties_survives_kill_9_and_leaves_no_page_behind(
         outputs = await outputs_by_id(settings, catalog, total, timeout_s=180)
         worker.stop()
 
-    assert len(outputs) == total and all(len(values) == 1 for values in outputs.values())
-    found = found_by_event(outputs)
-    for key, key_events in payloads.items():
-        want = expected_found(key_events)
-        got = [found[(key.decode(), event)] for event in key_events]
-        assert got == want, f"{key!r}: an activation found other memory than its previous event left"
-    errors = await read_to_end(settings, catalog.name(ERRORS))
-    assert errors == [], f"no activation failed (poison_state is a missing or torn page): {errors[:3]}"
-
-    last_page: dict[bytes, bytes] = {}
-    for record in await read_to_end(settings, state_changelog(settings.app_id)):
-        if record.key is not None and is_page_key(record.key) and record.value is not None:
-            last_page[record.key] = record.value
-    emptied = {key for key, key_events in payloads.items() if key_events[-1].startswith("clear:")}
-    assert emptied and len(emptied) < len(KEYS)
-    kept: dict[bytes, int] = defaultdict(int)
-    for page, value in last_page.items():
-        owner = page_owner(page)[0]
-        if owner in emptied:
-            assert decode_page(value, "") == {}, f"{owner!r} emptied its memory; page {page!r} holds some"
-        kept[owner] += len(value)
-    assert all(kept[key] < 4096 for key in emptied)
-    assert all(kept[key] > 20_000 for key in set(KEYS) - emptied), "a filled key keeps its pages"
+    await assert_paged_memory_whole(settings, catalog, outputs, payloads)

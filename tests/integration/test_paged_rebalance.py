@@ -18,18 +18,16 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-from keylane.catalog import ERRORS, EVENTS, OUTPUT, Catalog
+from keylane.catalog import EVENTS, OUTPUT, Catalog
 from keylane.config import Settings
-from keylane.core.pages import decode_page, is_page_key, page_owner
-from keylane.core.state import state_changelog
 from keylane.kafka.topic_reader import read_to_end
 from keylane.wire import AgentEnvelope, encode
-from tests.agents.pages import expected_found, found_by_event
+from tests.agents.pages import fill_and_clear
+from tests.integration.pages_checks import assert_paged_memory_whole
 from tests.integration.stream_checks import outputs_by_id
 from tests.kafka_io import produce
 from tests.processes import KeylaneProcess, process_env, running
@@ -40,12 +38,6 @@ KEYS = [f"doc-{i}".encode() for i in range(12)]
 ROUNDS = 6  # fill, clear per round and key; odd keys end with one more fill
 VISITS = 3  # times the second worker joins and leaves
 SEED = 23
-
-
-def events_of(key: bytes) -> list[str]:
-    name = key.decode()
-    events = [e for r in range(ROUNDS) for e in (f"fill:{name}-{r}", f"clear:{name}-{r}")]
-    return events + ([f"fill:{name}-last"] if int(name.split("-")[1]) % 2 else [])
 
 
 async def trickle(settings: Settings, catalog: Catalog, payloads: dict[bytes, list[str]]) -> None:
@@ -88,7 +80,7 @@ async def test_partitions_back_on_a_live_worker_keep_each_keys_paged_memory_whol
     settings: Settings, catalog: Catalog, tmp_path: Path
 ) -> None:
     rng = random.Random(SEED)
-    payloads = {key: events_of(key) for key in KEYS}
+    payloads = {key: fill_and_clear(key, ROUNDS) for key in KEYS}
     total = sum(map(len, payloads.values()))
     env = process_env(settings)
     agent = ["worker", "--agent", "tests.agents.pages:agent"]
@@ -137,25 +129,4 @@ async def test_partitions_back_on_a_live_worker_keep_each_keys_paged_memory_whol
 
     assert came_back(first.log(), catalog.name(EVENTS)), "no partition left the first worker and came back"
     assert "did not stop cleanly" in second.log(), "the second worker's start after kill -9 kept its store"
-    assert len(outputs) == total and all(len(values) == 1 for values in outputs.values())
-    found = found_by_event(outputs)
-    for key, key_events in payloads.items():
-        got = [found[(key.decode(), event)] for event in key_events]
-        assert got == expected_found(key_events), (
-            f"{key!r}: an activation found other memory than its previous event left"
-        )
-    errors = await read_to_end(settings, catalog.name(ERRORS))
-    assert errors == [], f"no activation failed (poison_state is a missing or torn page): {errors[:3]}"
-
-    last_page: dict[bytes, bytes] = {}
-    for record in await read_to_end(settings, state_changelog(settings.app_id)):
-        if record.key is not None and is_page_key(record.key) and record.value is not None:
-            last_page[record.key] = record.value
-    emptied = {key for key, key_events in payloads.items() if key_events[-1].startswith("clear:")}
-    kept: dict[bytes, int] = defaultdict(int)
-    for page, value in last_page.items():
-        owner = page_owner(page)[0]
-        if owner in emptied:
-            assert decode_page(value, "") == {}, f"{owner!r} emptied its memory; page {page!r} holds some"
-        kept[owner] += len(value)
-    assert all(kept[key] > 20_000 for key in set(KEYS) - emptied), "a filled key keeps its pages"
+    await assert_paged_memory_whole(settings, catalog, outputs, payloads)
