@@ -31,7 +31,7 @@ from pathlib import Path
 import faust
 
 from keylane.kafka.delivery import delivery_guard
-from keylane.kafka.restore_start import OWNER_SUFFIX
+from keylane.kafka.restore_start import owner_record_path
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,7 @@ def discard_stores_after_unclean_stop(app: faust.App, data_dir: Path) -> bool:
         )
         for store in stores:
             shutil.rmtree(store)
-            # What restore_start.py knew of the store goes with it.
-            store.with_name(f"{store.name}{OWNER_SUFFIX}").unlink(missing_ok=True)
+            owner_record_path(store).unlink(missing_ok=True)  # what restore_start knew of it
     marker.unlink(missing_ok=True)
     return unclean
 

@@ -50,8 +50,10 @@ from keylane.kafka.epochs import group_generation
 
 log = logging.getLogger(__name__)
 
-OWNER_SUFFIX = ".owner"
-"""What a partition's store directory's name takes for the file of when this worker held it."""
+
+def owner_record_path(store: Path) -> Path:
+    """The file beside a partition's store directory that says when this worker held it."""
+    return store.with_name(f"{store.name}.owner")
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,7 @@ class RestoreStart:
 
     def _record_path(self, partition: int) -> Path:
         directory: Path = self.table.data.partition_path(partition)
-        return directory.with_name(f"{directory.name}{OWNER_SUFFIX}")
+        return owner_record_path(directory)
 
     def _held(self, partition: int) -> Held | None:
         try:
