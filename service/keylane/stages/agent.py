@@ -14,7 +14,11 @@ Per input record, in order (the job a lane runs):
 4. the new state, if any, is written as one table value (one changelog record);
 5. every emitted record is handed to the producer, with its deterministic id in the
    ``keylane.id`` header; one too large for its topic is replaced by its dead letter
-   (``Publisher``, service/keylane/kafka/publish.py);
+   (``Publisher``, service/keylane/kafka/publish.py). A record that asks for an answer on
+   one of the key's inputs (a tool intent, an approval request) leaves only once Kafka
+   confirmed the state that waits for that answer: else a crash could leave the request in
+   Kafka and its continuation nowhere, and the answer, read by the restarted worker before
+   it re-runs the input, would be an ``orphaned_result``;
 6. the job waits until Kafka confirmed the changelog record and every emit
    (service/keylane/kafka/delivery.py), and only then is the record acked, so its offset is
    never committed before what it produced is in Kafka. A record Kafka refused crashes the
@@ -38,7 +42,17 @@ from typing import Any
 
 from keylane import metrics
 from keylane.authoring.api import AgentConfig
-from keylane.catalog import APPROVALS, CONTROL, EVENTS, EVENTS_SHARDED, RESULTS, TIMERS, Catalog
+from keylane.catalog import (
+    APPROVAL_REQUESTS,
+    APPROVALS,
+    CONTROL,
+    EVENTS,
+    EVENTS_SHARDED,
+    INTENTS,
+    RESULTS,
+    TIMERS,
+    Catalog,
+)
 from keylane.core.activation import KeyRuntime
 from keylane.core.apply import apply_decision
 from keylane.core.key_states import KeyStates, entity_items
@@ -53,7 +67,7 @@ from keylane.core.lanes import (
 from keylane.core.state import STATE_TABLE, IntentKind, epoch_of
 from keylane.core.timers import TimerIndex, due_timers
 from keylane.kafka.app import App, log_end, on_rebalance_complete, on_shutdown, recovery_completed
-from keylane.kafka.delivery import RecordTooLarge, confirming, track_changelog
+from keylane.kafka.delivery import RecordTooLarge, confirm_handed_off, confirming, track_changelog
 from keylane.kafka.epochs import EpochFence, group_generation, owns_partition, request_rejoin
 from keylane.kafka.lane_feed import lane_agent
 from keylane.kafka.offset_guard import guard_offsets
@@ -68,6 +82,9 @@ from keylane.wire import encode
 log = logging.getLogger(__name__)
 
 TIMER_SCAN_INTERVAL_S = 1.0
+ANSWERED_ON_INPUTS = frozenset({INTENTS, APPROVAL_REQUESTS})
+"""Topics of records whose answer comes back on one of the key's inputs (agent.results,
+agent.approvals): each leaves only after the state that awaits its answer is confirmed."""
 
 
 def scheduler_for(config: AgentConfig) -> LaneScheduler:
@@ -195,7 +212,11 @@ class AgentProcessor:
         self._check_still_owner(record, started, "unrun")
         decision = await self.runtime.handle(record, self.states.read)
         self._check_still_owner(record, started, "unwritten")
+        state_confirmed = False
         for emit in apply_decision(self.states, self.timers, key, decision):
+            if not state_confirmed and emit.topic in ANSWERED_ON_INPUTS:
+                await confirm_handed_off(self.app)  # step 5: the waiting state first
+                state_confirmed = True
             await self.publisher.publish(emit)
 
     async def _stop_lanes(self) -> None:
