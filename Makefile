@@ -45,7 +45,8 @@ test: lint
 	$(PY) -m pytest -v $(PYTEST_ARGS)
 
 # The long chaos runs: every seed in CHAOS_SEEDS, all of them even when one fails
-# (`make test` runs each chaos test once, short). CHAOS_TESTS narrows the run, e.g.
+# (`make test` runs each chaos test once, short, but those marked chaos_long). CHAOS_TESTS
+# narrows the run, e.g.
 # CHAOS_TESTS=tests/chaos/test_exactly_once_chaos.py.
 CHAOS_SEEDS ?= 1 2 3
 CHAOS_EVENTS ?= 10000

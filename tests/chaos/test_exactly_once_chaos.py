@@ -15,6 +15,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,8 +48,16 @@ TOOL_TIMEOUT_S = "5"  # the effector's claim lease is this + 30 s: a killed clai
 pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
 
 
+def _variant(variant: Variant) -> Any:
+    """The variant as a parameter. `make test` leaves the plain librdkafka one to `make chaos`
+    (``chaos_long``): the default run's broker failover chaos uses that partitioner, with
+    kill -9s of both workers and the effector, and the sharded variant routes with it too."""
+    marks = [pytest.mark.chaos_long] if variant.name == "librdkafka" else []
+    return pytest.param(variant, id=variant.name, marks=marks)
+
+
 @pytest.mark.timeout(TIMEOUT_S)
-@pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])
+@pytest.mark.parametrize("variant", [_variant(v) for v in VARIANTS])
 async def test_kill_9_chaos_keeps_exactly_once_in_effect(
     settings: Settings, catalog: Catalog, tmp_path: Path, variant: Variant
 ) -> None:
