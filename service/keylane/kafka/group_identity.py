@@ -13,8 +13,9 @@ agents started within the same second can both pass it, which this does not try 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias, cast
 
+from aiokafka.errors import for_code
 from aiokafka.protocol.admin import (
     DescribeGroupsRequest_v0,
     DescribeGroupsRequest_v1,
@@ -68,13 +69,24 @@ class _DescribeGroups(Request[_DescribeGroupsUpToV2]):  # type: ignore[misc]  # 
 
 
 async def group_members(settings: Settings, group: str) -> list[GroupMember]:
-    """The live members of ``group`` (none when it is empty or has never existed)."""
+    """The live members of ``group`` (none when it is empty or has never existed).
+
+    Asked again, coordinator lookup included, while the answer is a retriable error:
+    GroupCoordinatorNotAvailable until a fresh cluster has created __consumer_offsets, and
+    NodeNotReady or NotCoordinator while the coordinator's broker is down and its group moves
+    to another (a worker restarted during a broker's outage)."""
     async with admin_client(settings) as client:
-        # GroupCoordinatorNotAvailable until a fresh cluster has created __consumer_offsets.
-        coordinator = await retry_retriable(lambda: client.find_coordinator(group))
-        # The admin client's own connection, as its describe_consumer_groups uses: see _DescribeGroups.
-        response = await client._client.send(coordinator, _DescribeGroups(group))
-    (described,) = response.to_object()["groups"]
+
+        async def describe() -> dict[str, Any]:
+            coordinator = await client.find_coordinator(group)
+            # The admin client's own connection, as its describe_consumer_groups uses: see _DescribeGroups.
+            response = await client._client.send(coordinator, _DescribeGroups(group))
+            (described,) = response.to_object()["groups"]
+            if described["error_code"]:
+                raise for_code(described["error_code"])(f"describing consumer group {group!r}")
+            return cast(dict[str, Any], described)
+
+        described = await retry_retriable(describe)
     return [GroupMember(m["client_id"], m["client_host"].lstrip("/")) for m in described["members"]]
 
 
