@@ -132,19 +132,31 @@ async def admin_client(settings: Settings) -> AsyncIterator[AIOKafkaAdminClient]
         await client.close()
 
 
-async def retry_retriable(call: Callable[[], Awaitable[_T]], *, timeout_s: float = RETRY_S) -> _T:
+async def retry_retriable(call: Callable[[], Awaitable[_T]], *, timeout_s: float | None = None) -> _T:
     """Run an admin request again while it fails with a retriable Kafka error, for up to
-    ``timeout_s``. A broker that was just killed stays in the cluster metadata until the
-    controller fences it, and a request the admin client sends it fails at once
+    ``timeout_s`` (RETRY_S). A broker that was just killed stays in the cluster metadata until
+    the controller fences it, and a request the admin client sends it fails at once
     (NodeNotReadyError); the next try goes to a broker that answers. Every request retried
-    here is idempotent (a create that already happened reports TOPIC_ALREADY_EXISTS)."""
-    deadline = time.monotonic() + timeout_s
+    here is idempotent (a create that already happened reports TOPIC_ALREADY_EXISTS).
+
+    A retriable error that outlasts the time is BrokerUnavailable: one line for the command or
+    the start-up check that asked (a cluster whose coordinator or leaders stay away), not the
+    client's traceback. Any other error is raised as it came."""
+    limit_s = RETRY_S if timeout_s is None else timeout_s
+    deadline = time.monotonic() + limit_s
     while True:
         try:
             return await call()
         except KafkaError as exc:
-            if not exc.retriable or time.monotonic() > deadline:
+            if not exc.retriable:
                 raise
+            if time.monotonic() > deadline:
+                said = " ".join(str(exc).split()) or type(exc).__name__
+                raise BrokerUnavailable(
+                    f"Kafka kept answering {said} for {limit_s:g} s: a broker "
+                    "or the group coordinator stays unavailable; check that every broker is up and that "
+                    "__consumer_offsets and the catalog's topics have leaders, then start again"
+                ) from exc
         await asyncio.sleep(0.2)
 
 
