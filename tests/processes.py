@@ -60,8 +60,14 @@ def process_env(settings: Settings, **extra: str) -> dict[str, str]:
 def keylane_cli(settings: Settings, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
     """A `keylane ...` command as an operator runs it against the test's broker, prefix and
     group (``extra``: more environment), from the repository; its exit code and whole output."""
+    return python_run(settings, "-m", "keylane.cli", *args, **extra)
+
+
+def python_run(settings: Settings, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in the test's keylane environment (``keylane_cli``'s), from the
+    repository; its exit code and whole output."""
     return subprocess.run(
-        [sys.executable, "-m", "keylane.cli", *args],
+        [sys.executable, *args],
         env=process_env(settings, **extra),
         cwd=REPO,
         capture_output=True,

@@ -11,8 +11,6 @@ group's coordinator who runs in the group) is the step that waits.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,8 +19,8 @@ import pytest
 from keylane.catalog import load_catalog
 from keylane.config import Settings
 from keylane.kafka.topic_admin import admin_client, apply_catalog
-from tests.broker import REPO, local_kafka
-from tests.processes import process_env
+from tests.broker import local_kafka
+from tests.processes import python_run
 
 pytestmark = pytest.mark.kafka
 
@@ -66,15 +64,7 @@ def test_a_coordinator_that_stays_away_is_one_line_not_a_traceback(
         f"admin.RETRY_S = {RETRY_S}; from keylane.cli import main; "
         "sys.exit(main(['worker', '--agent', 'tests.agents.flow:remember']))"
     )
-    refused = subprocess.run(
-        [sys.executable, "-c", script],
-        env=process_env(settings, KEYLANE_DATA_DIR=str(tmp_path / "worker")),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    refused = python_run(settings, "-c", script, KEYLANE_DATA_DIR=str(tmp_path / "worker"))
 
     assert refused.returncode == 1, refused.stderr
     assert "Traceback" not in refused.stderr + refused.stdout

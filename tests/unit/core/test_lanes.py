@@ -50,6 +50,17 @@ class Trace:
         return work, ack
 
 
+async def submitted_and_settled(
+    lanes: KeyLanes, jobs: list[tuple[bytes, Callable[[], Awaitable[None]]]]
+) -> None:
+    """Submit ``jobs`` (key, work) to partition 0 in order, then let the loop run until what
+    can start has started."""
+    for offset, (key, work) in enumerate(jobs):
+        await lanes.submit(LaneRecord(TOPIC, 0, offset, key), work, lanes_module._nothing)
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
 records_strategy = st.lists(
     st.tuples(st.integers(min_value=0, max_value=7), st.integers(min_value=0, max_value=6)),
     min_size=1,
@@ -327,10 +338,7 @@ async def test_a_key_runs_one_record_at_a_time_until_the_job_leaves_its_slot() -
         events.append("second started")
 
     lanes = KeyLanes(max_in_flight=4, worker_max_in_flight=4)
-    await lanes.submit(LaneRecord(TOPIC, 0, 0, b"k"), first, lanes_module._nothing)
-    await lanes.submit(LaneRecord(TOPIC, 0, 1, b"k"), second, lanes_module._nothing)
-    for _ in range(20):
-        await asyncio.sleep(0)
+    await submitted_and_settled(lanes, [(b"k", first), (b"k", second)])
     assert events == ["first started"]
     left.set()
     await lanes.stop()
@@ -380,10 +388,7 @@ async def test_a_job_that_keeps_its_slot_holds_back_other_keys() -> None:
         started.append("b")
 
     lanes = KeyLanes(max_in_flight=1, worker_max_in_flight=1)
-    await lanes.submit(LaneRecord(TOPIC, 0, 0, b"a"), slow, lanes_module._nothing)
-    await lanes.submit(LaneRecord(TOPIC, 0, 1, b"b"), other, lanes_module._nothing)
-    for _ in range(20):
-        await asyncio.sleep(0)
+    await submitted_and_settled(lanes, [(b"a", slow), (b"b", other)])
     assert started == ["a"]
     release.set()
     await lanes.stop()
