@@ -21,18 +21,10 @@ and the partition is paused instead, until half its window is done.
 
 Key lanes count a record against ``max_in_flight`` while it works, not while it waits for
 Kafka to confirm what it produced: a job that reaches that wait calls ``leave_slot()``, which
-hands its slot to the next key, and lets its own key's next record start; the ack order still
-waits for the job to end. Without the first, every slot would sit idle for one produce round
-trip per record, and a partition's rate would be max_in_flight / (activation + round trip)
-instead of max_in_flight / activation; without the second, so would a hot key's lane.
-
-The key's next record may start before Kafka confirmed the previous one's records because by
-then everything of that record is written and handed off: its state is in the table, its
-changelog record and outputs are with the producer, in order, ahead of anything the next
-record produces for the same partitions. If Kafka refuses one of them, the worker crashes
-before either input's offset is committed past it (an ack never passes an unfinished record
-of its topic-partition, and a failed job is never settled), and the restored state, whichever
-of the two it holds, keeps every unconfirmed output in the key's outbox.
+hands its slot to the next key while its own lane (the key's next record, and the ack order)
+still waits for the job to end. Without that, every slot would sit idle for one produce
+round trip per record, and a partition's rate would be max_in_flight / (activation + round
+trip) instead of max_in_flight / activation.
 
 A job that raises is a keylane bug or fatal state (a corrupt blob): the scheduler stops taking
 work so nothing is acked past it, and the worker crashes and restarts.
@@ -48,7 +40,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol, cast
+from typing import Protocol
 
 from keylane import metrics
 
@@ -200,7 +192,6 @@ class _Slot:
     def __init__(self, *semaphores: asyncio.Semaphore) -> None:
         self._semaphores = semaphores
         self._held = False
-        self._vacated: asyncio.Future[None] | None = None
 
     async def acquire(self) -> None:
         taken: list[asyncio.Semaphore] = []
@@ -219,22 +210,6 @@ class _Slot:
             self._held = False
             for semaphore in self._semaphores:
                 semaphore.release()
-            self._wake()
-
-    async def vacated(self, job: asyncio.Task[bool]) -> None:
-        """Return once ``job`` gave this slot back (``leave_slot``) or ended."""
-        if not self._held or job.done():
-            return
-        self._vacated = asyncio.get_running_loop().create_future()
-        job.add_done_callback(self._wake)
-        try:
-            await self._vacated
-        finally:
-            job.remove_done_callback(self._wake)
-
-    def _wake(self, _: object = None) -> None:
-        if self._vacated is not None and not self._vacated.done():
-            self._vacated.set_result(None)
 
 
 _current_slot: contextvars.ContextVar[_Slot | None] = contextvars.ContextVar(
@@ -243,9 +218,9 @@ _current_slot: contextvars.ContextVar[_Slot | None] = contextvars.ContextVar(
 
 
 def leave_slot() -> None:
-    """From inside a lane job whose work is done but for Kafka's confirmation: its record stops
-    counting against ``max_in_flight``, and its key's next record may start (key lanes; the
-    record's ack still waits for the job to end). A no-op outside key lanes."""
+    """From inside a lane job: its record stops counting against ``max_in_flight`` (another
+    key may start), while its own lane still waits for the job to end. A no-op outside key
+    lanes."""
     slot = _current_slot.get()
     if slot is not None:
         slot.release()
@@ -263,7 +238,7 @@ class _SchedulerBase:
     failure: BaseException | None = None
     _abandoning: bool = False
     _abandoned: int = 0
-    _running: set[asyncio.Task[bool]]
+    _running: set[asyncio.Task[None]]
 
     async def revoke(self, grace_s: float) -> int:
         """Stop starting records, give the running ones ``grace_s`` to finish, cancel the rest.
@@ -290,39 +265,26 @@ class _SchedulerBase:
         """Start records again after a revocation."""
         self._abandoning = False
 
-    def _start(self, item: Item, label: str, lane: object) -> asyncio.Task[bool]:
-        """Run one record in a task of its own, which settles it in its window when it ends
-        (``_job``); the task copies the caller's context, the lane slot included."""
-        task = asyncio.ensure_future(self._job(item, label, lane))
-        self._running.add(task)
-        task.add_done_callback(self._ended)
-        return task
-
-    def _ended(self, task: asyncio.Task[bool]) -> None:
-        self._running.discard(task)
-        if not task.cancelled():
-            task.exception()  # a failure is logged by execute and kept in self.failure
-
-    async def _job(self, item: Item, label: str, lane: object) -> bool:
-        """Run one record unless the scheduler is abandoning work, then settle it in its
-        window; returns whether it finished. A job that raises is never settled, so nothing of
-        its window is acked past it."""
+    async def _process(self, item: Item, label: str, lane: object) -> bool:
+        """Run one record unless the scheduler is abandoning work; settle it in its window.
+        Returns whether it finished."""
         ticket, work, window, queued_at = item
         finished = False
-        if self._abandoning:
-            metrics.child(metrics.LANE_QUEUE_DEPTH, label).dec()
-        else:
+        if not self._abandoning:
+            task = asyncio.ensure_future(self.execute(work, queued_at, label, lane=lane))
+            self._running.add(task)
             try:
-                await self.execute(work, queued_at, label, lane=lane)
+                await task
                 finished = True
             except Superseded:
                 pass  # released unfinished: the partition's next owner runs it
             except asyncio.CancelledError:
-                if not self._abandoning:
-                    raise  # not a revocation's: the worker is going down
-                current = asyncio.current_task()
-                if current is not None:
-                    current.uncancel()  # settled below like any released record
+                if not (task.cancelled() and self._abandoning):
+                    raise  # the lane itself is being cancelled
+            finally:
+                self._running.discard(task)
+        else:
+            metrics.child(metrics.LANE_QUEUE_DEPTH, label).dec()
         if not finished:
             self._abandoned += 1
             metrics.RECORDS_ABANDONED.inc()
@@ -380,7 +342,7 @@ class PartitionLanes(_SchedulerBase):
             item = await queue.get()
             if item is None:
                 return
-            await self._start(item, label, partition)  # the partition's next record waits for its end
+            await self._process(item, label, partition)
 
     async def stop(self) -> None:
         for queue in self._queues.values():
@@ -435,22 +397,14 @@ class KeyLanes(_SchedulerBase):
             slots = self._partition_slots[partition] = asyncio.Semaphore(self.max_in_flight)
         lane = self._lanes[lane_id]
         while lane:
-            self.check()  # after a failed job no lane starts another record
             slot = _Slot(slots, self._worker_slots)
             await slot.acquire()
             token = _current_slot.set(slot)  # the job's task copies it: see leave_slot
             try:
-                job = self._start(lane[0], label, lane_id)
+                await self._process(lane[0], label, lane_id)
             finally:
                 _current_slot.reset(token)
-            try:
-                # The key's next record starts once this one's work is done: when the job
-                # leaves its slot to wait for Kafka's confirmation, or ends.
-                await slot.vacated(job)
-            finally:
                 slot.release()
-            if job.done() and not job.cancelled() and job.exception() is not None:
-                raise cast(BaseException, job.exception())
             lane.popleft()
         del self._lanes[lane_id]
 
@@ -458,6 +412,3 @@ class KeyLanes(_SchedulerBase):
         while self._tasks:
             with contextlib.suppress(BaseException):
                 await asyncio.gather(*list(self._tasks))
-        while self._running:  # records whose lane went on while they wait for Kafka
-            with contextlib.suppress(BaseException):
-                await asyncio.gather(*list(self._running))
