@@ -11,8 +11,9 @@ tests/unit/test_ids.py checks it against ``uuid.uuid5`` on random names.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
+
+from keylane.digests import sha1
 
 NAMESPACE = uuid.UUID("a3d7c2e4-5b1f-4c8e-9e62-0f4b7d19c5a8")
 _NAMESPACE_BYTES = NAMESPACE.bytes
@@ -21,8 +22,7 @@ _NAMESPACE_BYTES = NAMESPACE.bytes
 def uuid5(name: str) -> str:
     """``str(uuid.uuid5(NAMESPACE, name))``."""
     # SHA-1 is what RFC 4122 prescribes for version 5; it names, it does not protect.
-    sha1 = hashlib.sha1(_NAMESPACE_BYTES + name.encode(), usedforsecurity=False)
-    digest = bytearray(sha1.digest()[:16])
+    digest = bytearray(sha1(_NAMESPACE_BYTES + name.encode()).digest()[:16])
     digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
     digest[8] = (digest[8] & 0x3F) | 0x80  # the RFC 4122 variant
     text = digest.hex()

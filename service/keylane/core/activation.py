@@ -85,6 +85,7 @@ from keylane.core.state import (
     PagedKeyState,
     Paused,
     PendingIntent,
+    Sealed,
     UnencodableState,
     UnreadableState,
     encode_state,
@@ -138,6 +139,9 @@ class Decision:
     blob: bytes | None = None
     """``new_state`` encoded, when the runtime sealed it against the key's state limit (a
     writer may store these bytes instead of encoding the state again)."""
+    readback: KeyState | None = None
+    """``blob`` as decoded when it was sealed: what reading it back gives (None when the
+    key's memory is paged), so the writer can keep it for the key's next read."""
     unpages: bool = False
     """``new_state`` is one record again where the key's memory was paged (it emptied): the
     writer empties the pages the committed record names."""
@@ -342,7 +346,7 @@ class KeyRuntime:
             if sealed is not None:
                 metrics.EVENTS_BUFFERED.inc()
                 metrics.BUFFERED_DEPTH.observe(depth + 1)
-                return self._decided(state, staged, *sealed, [])
+                return self._decided(state, staged, sealed, [])
             limit = "state"
             detail = f"queueing it would take the key's state past its limit: {self._over_limit(staged, key)}"
         metrics.BUFFERED_EVENTS_REJECTED.labels(limit).inc()
@@ -602,7 +606,7 @@ class KeyRuntime:
             sealed = self._seal(kept, key)
             if sealed is None:  # cannot happen: the outbox holds what the state held already
                 return Decision(tombstone, emits)
-            return self._decided(state, kept, *sealed, emits)
+            return self._decided(state, kept, sealed, emits)
         outcome = timed_out(state, record, key, self.config.hitl_policy, now_ms=now)
         if outcome is None:
             return Decision(None, [])
@@ -684,7 +688,7 @@ class KeyRuntime:
             sealed = self._seal(staged, key)
             if sealed is not None:
                 metrics.INPUTS_HELD.labels(metrics.topic_label(record.topic)).inc()
-                return self._decided(state, staged, *sealed, [])
+                return self._decided(state, staged, sealed, [])
             limit = "state"
             detail = f"holding it would take the key's state past its limit: {self._over_limit(staged, key)}"
         metrics.BUFFERED_EVENTS_REJECTED.labels(limit).inc()
@@ -830,12 +834,11 @@ class KeyRuntime:
             metrics.STATE_OVER_LIMIT.inc()
             detail = self._over_limit(staged, key)
             return Decision(None, [self._error(record, "state_too_large", detail, entity_key=key.decode())])
-        return self._decided(state, staged, *sealed, emits)
+        return self._decided(state, staged, sealed, emits)
 
-    def _decided(
-        self, before: KeyState, staged: KeyState, state: KeyState, blob: bytes, emits: list[Emit]
-    ) -> Decision:
-        """The decision writing ``state`` (``staged`` sealed) in place of ``before``."""
+    def _decided(self, before: KeyState, staged: KeyState, sealed: Sealed, emits: list[Emit]) -> Decision:
+        """The decision writing ``sealed`` (``staged`` sealed) in place of ``before``."""
+        state, blob = sealed.state, sealed.blob
         # Delivered ids are forgotten only once the outbox that held them is replaced.
         self.deliveries.forget(before.outbox)
         trimmed = len(staged.llm_cache) - len(state.llm_cache)
@@ -845,9 +848,9 @@ class KeyRuntime:
         paged_bytes = state.pages.memory_bytes if isinstance(state, PagedKeyState) else 0
         metrics.STATE_BYTES.observe(len(blob) + paged_bytes)
         unpages = isinstance(before, PagedKeyState) and not isinstance(state, PagedKeyState)
-        return Decision(state, emits, blob=blob, unpages=unpages)
+        return Decision(state, emits, blob=blob, readback=sealed.readback, unpages=unpages)
 
-    def _seal(self, state: KeyState, key: bytes) -> tuple[KeyState, bytes] | None:
+    def _seal(self, state: KeyState, key: bytes) -> Sealed | None:
         return seal(state, self.state_limit(key))
 
     def _over_limit(self, state: KeyState, key: bytes) -> str:

@@ -18,6 +18,8 @@ def apply_decision(
     records to publish, in order, once the write is done."""
     if decision.new_state is not None:
         assert key is not None  # a decision with a state is for a record with a key
-        states.write(key, decision.new_state, decision.blob, unpages=decision.unpages)
+        states.write(
+            key, decision.new_state, decision.blob, unpages=decision.unpages, readback=decision.readback
+        )
         timers.update(key, decision.new_state)
     return decision.emits

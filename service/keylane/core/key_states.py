@@ -23,6 +23,11 @@ named by no record, and the key's next write (the input run again, at the latest
 is committed only once every record it wrote is) empties them again before its own record.
 Every write follows a read of its key, which notes such a record.
 
+The state a key was last written with is kept too, decoded as the runtime checked its record
+(``KeyStates.decoded_bytes``): a read whose record is that one decodes nothing. Like the kept
+paged memory, such a state is shared between reads, which the runtime never changes in place
+(it builds each next state with ``msgspec.structs.replace``).
+
 All of this assumes a local store that holds what the changelog holds: a worker killed with
 writes its changelog never got restores from the changelog alone
 (service/keylane/kafka/clean_stop.py), since a restore read over such a store can pair a
@@ -66,6 +71,9 @@ from keylane.core.state import (
 
 CACHE_BYTES = 64 * 1024 * 1024
 """Memory (as the Memory facade counts it) of the paged keys a worker keeps decoded."""
+DECODED_BYTES = 16 * 1024 * 1024
+"""Records (counted by their encoded size) of the keys whose state a worker keeps decoded as
+it wrote them: a key's next read then decodes nothing when its record is still that one."""
 
 
 @dataclass
@@ -85,10 +93,15 @@ class KeyStates:
         put: Callable[[bytes, bytes], None],
         *,
         cache_bytes: int = CACHE_BYTES,
+        decoded_bytes: int = DECODED_BYTES,
     ) -> None:
         self._get = get
         self._put = put
         self.cache_bytes = cache_bytes
+        self.decoded_bytes = decoded_bytes
+        self._decoded: OrderedDict[bytes, tuple[bytes, KeyState]] = OrderedDict()
+        """key: (the record it was written with, that record decoded), least recent first."""
+        self._decoded_total = 0
         self._kept: OrderedDict[bytes, _Kept] = OrderedDict()
         self._kept_bytes = 0
         self._left: dict[bytes, tuple[bytes, int]] = {}
@@ -98,7 +111,10 @@ class KeyStates:
         """``key``'s committed state, its memory read from its pages when they hold it
         (CorruptState when a page it names is missing or does not decode)."""
         record = self._get(key)
-        state = decode_state(record)
+        written = self._decoded.get(key)
+        # A state is a function of its record's bytes: whoever wrote the table since (a
+        # restore, another owner), an equal record decodes to an equal state.
+        state = written[1] if written is not None and written[0] == record else decode_state(record)
         if not isinstance(state, PagedKeyState):
             if isinstance(state, EmptiedKeyState):
                 assert record is not None
@@ -118,19 +134,29 @@ class KeyStates:
         return struct_replace(state, memory=MemoryBlob(entries=kept.entries))
 
     def write(
-        self, key: bytes, state: KeyState, record: bytes | None = None, *, unpages: bool = False
+        self,
+        key: bytes,
+        state: KeyState,
+        record: bytes | None = None,
+        *,
+        unpages: bool = False,
+        readback: KeyState | None = None,
     ) -> int:
-        """Commit ``state`` for ``key`` (``record``: its blob, when the runtime sealed it):
-        the pages it changed, then its record. With ``unpages`` (a paged key whose memory
-        emptied), the pages the committed record names are emptied after the new record.
-        Returns the bytes written."""
+        """Commit ``state`` for ``key`` (``record``: its blob, when the runtime sealed it, and
+        ``readback``: that blob as it decodes, kept for the key's next read): the pages it
+        changed, then its record. With ``unpages`` (a paged key whose memory emptied), the
+        pages the committed record names are emptied after the new record. Returns the bytes
+        written."""
         written = self._empty_left_pages(key, state.epoch)
+        self._forget_decoded(key)
         if not isinstance(state, PagedKeyState):
             dropped = self._committed_layout(key) if unpages else None
             if dropped is not None:
                 record = encode_state(emptied(state, dropped.buckets))
             elif record is None:
                 record = encode_state(state)
+            elif readback is not None:
+                self._keep_decoded(key, record, readback)
             self._put(key, record)
             self._forget(key)
             written += len(record)
@@ -222,6 +248,18 @@ class KeyStates:
             _, oldest = self._kept.popitem(last=False)
             self._kept_bytes -= oldest.layout.memory_bytes
         return kept
+
+    def _keep_decoded(self, key: bytes, record: bytes, state: KeyState) -> None:
+        self._decoded[key] = (record, state)
+        self._decoded_total += len(record)
+        while self._decoded_total > self.decoded_bytes and self._decoded:
+            _, (oldest, _) = self._decoded.popitem(last=False)
+            self._decoded_total -= len(oldest)
+
+    def _forget_decoded(self, key: bytes) -> None:
+        written = self._decoded.pop(key, None)
+        if written is not None:
+            self._decoded_total -= len(written[0])
 
     def _forget(self, key: bytes) -> None:
         kept = self._kept.pop(key, None)

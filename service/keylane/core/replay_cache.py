@@ -21,10 +21,9 @@ the oldest entry can have expired: a put costs the same with 1 or 64 entries in 
 
 from __future__ import annotations
 
-import hashlib
-
 from keylane.cells import encoded_size
 from keylane.core.state import CacheEntry
+from keylane.digests import sha256
 from keylane.llm.types import LlmResponse
 
 MAX_ENTRIES = 64
@@ -83,7 +82,7 @@ class ReplayCache:
             CacheEntry(
                 cache_key=cache_key,
                 response=response.response,
-                digest=hashlib.sha256(response.response).hexdigest(),
+                digest=sha256(response.response).hexdigest(),
                 created_ms=now_ms,
                 model_id=response.model_id,
                 prompt_tokens=response.prompt_tokens,

@@ -60,7 +60,7 @@ every state it commits against the key's limit (see service/keylane/core/activat
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 
@@ -367,7 +367,17 @@ def decode_state(blob: bytes | None) -> KeyState:
         raise CorruptState(f"state blob does not decode: {exc}") from exc
 
 
-def seal(state: KeyState, limit: int) -> tuple[KeyState, bytes] | None:
+class Sealed(NamedTuple):
+    """A state the runtime commits: ``state``, its ``blob``, and ``readback``, the blob as
+    decoded to check it (``decode_state(blob)``, for a key whose memory is not paged; None for
+    one whose is, whose record the writer encodes again with its pages' slots)."""
+
+    state: KeyState
+    blob: bytes
+    readback: KeyState | None
+
+
+def seal(state: KeyState, limit: int) -> Sealed | None:
     """``state`` and its blob if they fit in ``limit`` bytes, dropping replay-cache entries,
     least recently used first, as far as needed; None if it does not fit even without them.
 
@@ -389,7 +399,7 @@ def seal(state: KeyState, limit: int) -> tuple[KeyState, bytes] | None:
             state = paged(state, new_layout(buckets_for(size, len(state.memory.entries)), size))
             blob = encode_state(state)
     if len(blob) <= limit:
-        return state, _readable(blob)
+        return _sealed(state, blob)
     cache = list(state.llm_cache)  # most recently used last
     excess = len(blob) - limit
     while cache:
@@ -398,24 +408,30 @@ def seal(state: KeyState, limit: int) -> tuple[KeyState, bytes] | None:
         blob = encode_state(msgspec.structs.replace(state, llm_cache=cache))
         excess = len(blob) - limit
         if excess <= 0:
-            return msgspec.structs.replace(state, llm_cache=cache), _readable(blob)
+            return _sealed(msgspec.structs.replace(state, llm_cache=cache), blob)
     return None
 
 
-def _readable(blob: bytes) -> bytes:
-    """``blob`` once it decodes as a KeyState again (UnencodableState if not).
+def _sealed(state: KeyState, blob: bytes) -> Sealed:
+    readback = _readable(blob)
+    return Sealed(state, blob, None if isinstance(state, PagedKeyState) else readback)
+
+
+def _readable(blob: bytes) -> KeyState:
+    """``blob`` decoded as a KeyState again (UnencodableState if it does not decode).
 
     The encoder writes whatever Python value a field holds; only the decoder checks types. A
     blob committed unchecked could fail every later input of its key, on every worker. (Paged
-    memory's values are checked as the Memory facade takes them.)"""
+    memory's values are checked as the Memory facade takes them.) For a blob of a key whose
+    memory is not paged, this is what ``decode_state`` reads from it: its schema version is
+    below the paged one and it empties no pages."""
     try:
-        _decoder.decode(blob)
+        return _decoder.decode(blob)
     except msgspec.ValidationError as exc:
         raise UnencodableState(
             f"the key's next state would not decode ({exc}): a value of the wrong type reached it; "
             "nothing was committed"
         ) from None
-    return blob
 
 
 def over_limit(state: KeyState, limit: int) -> str:

@@ -16,12 +16,12 @@ format and translate it to their wire format:
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
+from keylane.digests import sha256
 from keylane.errors import KeylaneError
 
 
@@ -158,7 +158,7 @@ def cache_key(request: LlmRequest, *, entity_key: bytes, seq: int) -> str:
 
     Scoped to the activation (key, seq): only a retry of the same activation hits.
     """
-    digest = hashlib.sha256()
+    digest = sha256()
     digest.update(request.canonical())
     digest.update(b"\x00" + entity_key + b"\x00" + str(seq).encode())
     return digest.hexdigest()
