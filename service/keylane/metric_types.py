@@ -40,13 +40,19 @@ def _unlocked(value: Any) -> None:
 
 
 class Counter(prometheus_client.Counter):
+    _observable = False
+    """Set where prometheus_client gave the metric a value (``_metric_init``): an unlabelled
+    metric or a labelled one's child, never a labelled parent. Its ``_is_observable`` says
+    the same, at the cost of a method call on every write."""
+
     def _metric_init(self) -> None:
         super()._metric_init()
         _unlocked(self._value)
+        self._observable = True
 
     def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
         # prometheus_client's own inc raises (negative, a labelled parent) or keeps the exemplar
-        if amount < 0 or exemplar or not self._is_observable():  # type: ignore[no-untyped-call]
+        if amount < 0 or exemplar or not self._observable:
             super().inc(amount, exemplar)
             return
         self._value._value += amount
@@ -59,15 +65,18 @@ class Gauge(prometheus_client.Gauge):
 
 
 class Histogram(prometheus_client.Histogram):
+    _observable = False  # as Counter's
+
     def _metric_init(self) -> None:
         super()._metric_init()
         _unlocked(self._sum)
         for bucket in self._buckets:
             _unlocked(bucket)
+        self._observable = True
 
     def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
         # prometheus_client's own observe for an exemplar, NaN (no bucket) or a labelled parent
-        if exemplar or amount != amount or not self._is_observable():  # type: ignore[no-untyped-call]
+        if exemplar or amount != amount or not self._observable:
             super().observe(amount, exemplar)
             return
         self._sum._value += amount

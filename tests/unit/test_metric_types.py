@@ -57,6 +57,18 @@ def test_a_counter_and_a_gauge_expose_what_prometheus_clients_expose() -> None:
     assert generate_latest(g_ours) == generate_latest(g_theirs)
 
 
+def test_unlabelled_metrics_expose_what_prometheus_clients_expose() -> None:
+    theirs, reference, ours, metric = both("Counter", "c", "c")
+    h_theirs, h_reference, h_ours, h_metric = both("Histogram", "h_seconds", "h", buckets=BUCKETS)
+    for n in range(50):
+        for counter in (reference, metric):
+            counter.inc(n)  # type: ignore[attr-defined]
+        for histogram in (h_reference, h_metric):
+            histogram.observe(n / 40)  # type: ignore[attr-defined]
+    assert generate_latest(ours) == generate_latest(theirs)
+    assert generate_latest(h_ours) == generate_latest(h_theirs)
+
+
 def test_the_errors_are_prometheus_clients() -> None:
     _, _, _, counter = both("Counter", "c", "c", ["reason"])
     _, _, _, histogram = both("Histogram", "h", "h", ["kind"])
