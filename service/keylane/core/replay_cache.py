@@ -17,6 +17,9 @@ seq and no activation of a finished seq runs again (service/keylane/core/activat
 
 Each entry's size is computed once, when it is inserted, and the TTL scan runs only when
 the oldest entry can have expired: a put costs the same with 1 or 64 entries in the cell.
+A stored response's sha256 is worked out only when the cell is committed (``entries``): most
+activations complete, and their cell is dropped. Its size counts a digest all the same: a
+hex sha256 always takes 64 characters.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from keylane.llm.types import LlmResponse
 MAX_ENTRIES = 64
 TTL_MS = 6 * 60 * 60 * 1000
 MAX_BYTES = 100 * 1024
+_DIGEST_DUE = "0" * 64
+"""The digest of an entry put in this activation until ``entries`` works it out: as long as
+a hex sha256, so the entry's size is its size with the real one."""
 
 
 class ReplayCache:
@@ -82,7 +88,7 @@ class ReplayCache:
             CacheEntry(
                 cache_key=cache_key,
                 response=response.response,
-                digest=sha256(response.response).hexdigest(),
+                digest=_DIGEST_DUE,
                 created_ms=now_ms,
                 model_id=response.model_id,
                 prompt_tokens=response.prompt_tokens,
@@ -94,7 +100,7 @@ class ReplayCache:
                 CacheEntry(
                     cache_key=cache_key,
                     response=b"",
-                    digest=entry.digest,
+                    digest=sha256(response.response).hexdigest(),
                     created_ms=now_ms,
                     digest_only=True,
                     model_id=entry.model_id,
@@ -120,8 +126,13 @@ class ReplayCache:
         self._bytes -= self._entries.pop(cache_key).size
 
     def entries(self) -> list[CacheEntry]:
-        """The staged cell, least recently used first."""
-        return list(self._entries.values()) if self._loaded else self._committed
+        """The staged cell, least recently used first, as it is committed."""
+        if not self._loaded:
+            return self._committed
+        for entry in self._entries.values():
+            if entry.digest is _DIGEST_DUE:
+                entry.digest = sha256(entry.response).hexdigest()
+        return list(self._entries.values())
 
 
 def _sized(entry: CacheEntry) -> CacheEntry:

@@ -359,3 +359,18 @@ def test_the_cache_key_ignores_dict_key_order() -> None:
 
     assert key_of(reordered) == key_of()
     assert key_of() == key_of(BASE)
+
+
+def test_the_committed_cell_carries_each_responses_sha256_and_its_true_size() -> None:
+    cache = ReplayCache([])
+    for name in ("a", "b"):
+        cache.put(name, answer(name.encode() * 300), now_ms=NOW)
+
+    committed = cache.entries()
+
+    assert [e.digest for e in committed] == [hashlib.sha256(c * 300).hexdigest() for c in (b"a", b"b")]
+    for entry in committed:
+        assert entry.size == len(msgspec.msgpack.encode(msgspec.structs.replace(entry, size=0)))
+    # read back as the next activation does: the digests are the committed ones
+    again = ReplayCache(committed)
+    assert [e.digest for e in again.entries()] == [e.digest for e in committed]
