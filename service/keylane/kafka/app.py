@@ -24,6 +24,7 @@ from keylane.catalog import EVENTS, Catalog
 from keylane.config import Settings
 from keylane.kafka.delivery import delivery_guard
 from keylane.kafka.patches import publish_without_stampede
+from keylane.kafka.sensors import CommitMonitor, hook_sensors
 from keylane.kafka.topic_admin import admin_client, ensure_topic
 
 log = logging.getLogger(__name__)
@@ -97,13 +98,16 @@ def build_app(
         Table=_replicated_table(settings, replication.min_insync_replicas, max_request_bytes(catalog)),
         topic_allow_declare=False,  # tables create their changelogs themselves, see above
         topic_disable_leader=True,  # no app.is_leader() or on_leader timers in keylane
+        Monitor=CommitMonitor,  # no per-record statistics: see service/keylane/kafka/sensors.py
     )
+    hook_sensors(app)  # before any stream or table binds the delegate's hooks
     # Faust lets PRODUCER_ACKS / TOPIC_REPLICATION_FACTOR in the environment win over the
     # arguments above; keylane's no-loss guarantee rests on these two, so they are pinned.
     app.conf.producer_acks = ACKS_ALL
     app.conf.topic_replication_factor = replication.replication_factor
     app.conf.topic_allow_declare = False
     app.conf.topic_disable_leader = True
+    app.conf.Monitor = CommitMonitor  # type: ignore[assignment]  # Faust types it as a symbol or a type
     app.conf.broker_client_id = client_id  # BROKER_CLIENT_ID would hide the agent from the group check
     # Likewise PRODUCER_MAX_REQUEST_SIZE / PRODUCER_REQUEST_TIMEOUT: the size checks and the
     # delivery confirmation (service/keylane/kafka/delivery.py) are computed from these two.
@@ -161,6 +165,20 @@ def _replicated_table(
             await super().on_start()
 
     return ReplicatedTable
+
+
+def stored_bytes(table: Any) -> Callable[[bytes], bytes | None]:
+    """A reader of a bytes-to-bytes table's store: a key's stored value, or None.
+
+    It is the store's own read (``_get``), in the current event's partition. The store's
+    public ``get`` gives the same result with several calls more on every record. It goes
+    through Mapping.get and __getitem__, encodes the key and decodes the value with the raw
+    codec (a pass-through for bytes), and raises KeyError for an absent key, which get then
+    turns into None."""
+    if table.key_type is not bytes or table.value_type is not bytes:
+        raise TypeError(f"table {table.name}: a stored-bytes reader needs key_type and value_type bytes")
+    read: Callable[[bytes], bytes | None] = table.data._get
+    return read
 
 
 def on_shutdown(app: faust.App, stop: Callable[[], Awaitable[None]]) -> None:

@@ -180,16 +180,44 @@ class DeliveryGuard:
     async def confirm(self, pending: list[tuple[object, asyncio.Future[Any]]]) -> None:
         """Wait until Kafka confirmed every record of ``pending``; raise ProduceFailed for the
         first one it did not take (or did not confirm within ``confirm_timeout_s``)."""
-        if not pending:
-            return
-        futures = [delivery for _, delivery in pending]
-        await asyncio.wait(futures, timeout=self.confirm_timeout_s)
+        unconfirmed = [delivery for _, delivery in pending if not delivery.done()]
+        if unconfirmed:
+            await _all_done(unconfirmed, self.confirm_timeout_s)
         for what, delivery in pending:
             if not delivery.done():
                 raise self.fail(what, TimeoutError(f"not confirmed within {self.confirm_timeout_s:.0f}s"))
             error = _error_of(delivery)
             if error is not None:
                 raise self.fail(what, error) from error
+
+
+async def _all_done(futures: list[asyncio.Future[Any]], timeout_s: float) -> None:
+    """Return once every one of ``futures`` is done, or after ``timeout_s``: asyncio.wait's
+    ALL_COMPLETED, without the set and the per-future bookkeeping it builds, on every record."""
+    loop = asyncio.get_running_loop()
+    all_done: asyncio.Future[None] = loop.create_future()
+    left = len(futures)
+
+    def one_done(_: asyncio.Future[Any]) -> None:
+        nonlocal left
+        left -= 1
+        if left == 0 and not all_done.done():
+            all_done.set_result(None)
+
+    for future in futures:
+        future.add_done_callback(one_done)
+    timer = loop.call_later(timeout_s, _release, all_done)
+    try:
+        await all_done
+    finally:
+        timer.cancel()
+        for future in futures:
+            future.remove_done_callback(one_done)
+
+
+def _release(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _error_of(delivery: asyncio.Future[Any]) -> BaseException | None:

@@ -66,7 +66,14 @@ from keylane.core.lanes import (
 )
 from keylane.core.state import STATE_TABLE, IntentKind, epoch_of
 from keylane.core.timers import TimerIndex, due_timers
-from keylane.kafka.app import App, log_end, on_rebalance_complete, on_shutdown, recovery_completed
+from keylane.kafka.app import (
+    App,
+    log_end,
+    on_rebalance_complete,
+    on_shutdown,
+    recovery_completed,
+    stored_bytes,
+)
 from keylane.kafka.delivery import RecordTooLarge, confirm_handed_off, confirming, track_changelog
 from keylane.kafka.epochs import EpochFence, group_generation, owns_partition, request_rejoin
 from keylane.kafka.lane_feed import lane_agent
@@ -124,7 +131,7 @@ class AgentProcessor:
         track_changelog(self.table)  # a state write counts as produced only once Kafka has it
         # The store itself for reads, not the table: the table's own get looks a key up twice
         # (a contains check for its default, then the read), once per record.
-        self.states = KeyStates(self.table.data.get, self.table.__setitem__)
+        self.states = KeyStates(stored_bytes(self.table), self.table.__setitem__)
         self.fence = EpochFence(self.table, epoch_of, owns=owns_partition(app, catalog.name(events)))
         self.fence.install()  # a restore never takes a former owner's late write over its successor's
         # ... nor starts past records a former owner wrote while this worker was away

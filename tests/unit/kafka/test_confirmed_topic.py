@@ -14,7 +14,7 @@ import pytest
 from keylane.catalog import OUTPUT, Catalog, load_catalog
 from keylane.config import Settings
 from keylane.kafka.app import build_app
-from keylane.kafka.delivery import ProduceFailed, confirming
+from keylane.kafka.delivery import ProduceFailed, confirming, delivery_guard
 from keylane.kafka.publish import raw_topic
 
 
@@ -97,6 +97,53 @@ async def test_the_unit_of_work_waits_for_the_delivery(app: faust.App, catalog: 
     assert not running.done()
     producer.deliveries[0].set_exception(RuntimeError("MESSAGE_TOO_LARGE"))
     with pytest.raises(ProduceFailed, match="MESSAGE_TOO_LARGE"):
+        await asyncio.wait_for(running, 5)
+    assert len(crashed) == 1
+
+
+async def test_the_unit_of_work_waits_for_every_delivery_in_any_order(
+    app: faust.App, catalog: Catalog
+) -> None:
+    topic = raw_topic(app, catalog.name(OUTPUT))
+    producer = recorded(topic)
+
+    async def job() -> None:
+        async with confirming(app):
+            for key in (b"a", b"b", b"c"):
+                await topic.send(key=key, value=b"v")
+
+    running = asyncio.ensure_future(job())
+    await asyncio.sleep(0.01)
+    for index in (2, 0):
+        producer.deliveries[index].set_result(None)
+        await asyncio.sleep(0.01)
+        assert not running.done()  # one record still unconfirmed
+    producer.deliveries[1].set_result(None)
+    await asyncio.wait_for(running, 5)
+
+
+async def test_a_delivery_never_confirmed_fails_the_unit_after_the_confirm_timeout(
+    app: faust.App, catalog: Catalog
+) -> None:
+    crashed: list[BaseException] = []
+
+    async def crash(reason: BaseException) -> None:
+        crashed.append(reason)
+
+    app.crash = crash  # type: ignore[method-assign]
+    delivery_guard(app)._confirm_timeout_s = 0.2
+    topic = raw_topic(app, catalog.name(OUTPUT))
+    producer = recorded(topic)
+
+    async def job() -> None:
+        async with confirming(app):
+            await topic.send(key=b"confirmed", value=b"v")
+            await topic.send(key=b"lost", value=b"v")
+
+    running = asyncio.ensure_future(job())
+    await asyncio.sleep(0.01)
+    producer.deliveries[0].set_result(None)
+    with pytest.raises(ProduceFailed, match=r"key b'lost'.*not confirmed within"):
         await asyncio.wait_for(running, 5)
     assert len(crashed) == 1
 
