@@ -23,7 +23,7 @@ from keylane import metrics
 from keylane.catalog import EVENTS, Catalog
 from keylane.config import Settings
 from keylane.kafka.delivery import delivery_guard
-from keylane.kafka.patches import publish_without_stampede
+from keylane.kafka.patches import deliver_without_tasks, publish_without_stampede
 from keylane.kafka.sensors import CommitMonitor, hook_sensors
 from keylane.kafka.topic_admin import admin_client, ensure_topic
 
@@ -77,6 +77,7 @@ def build_app(
     """
     metrics.use_topic_prefix(settings.topic_prefix)
     publish_without_stampede()  # see service/keylane/kafka/patches.py
+    deliver_without_tasks()  # likewise
     co_partitions = partitions or catalog[EVENTS].partitions
     replication = catalog[EVENTS]  # changelogs replicate like the topics they mirror
     app = faust.App(

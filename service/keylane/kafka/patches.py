@@ -29,8 +29,8 @@ an app's input topics:
   partition over ran its keys on state that went back (found by the pause chaos with paged
   memory). Faust's recovery drops what it has applied already by its own offsets.
 
-Patched on the class, once per process, by ``publish_without_stampede`` (installed by
-``build_app``, for every keylane app):
+Patched on the class, once per process, by ``publish_without_stampede`` and
+``deliver_without_tasks`` (installed by ``build_app``, for every keylane app):
 
 * ``Topic._get_producer``: Faust asks for its producer on every publish through mode's
   ``stampede`` wrapper, which awaits ``asyncio.sleep(0)`` three times per call even when the
@@ -40,6 +40,16 @@ Patched on the class, once per process, by ``publish_without_stampede`` (install
   benchmark, where one record waited 0.6 ms. Once the producer has started, the patch
   returns it directly; before that, and inside a Faust transaction (keylane runs none), the
   stampede-protected start is Faust's own.
+
+* ``Consumer.wait_first``: Faust's fetch loop hands each record to the conductor through
+  ``wait_first(deliver(record), suspend_flow.wait())``, which makes four tasks per record (the
+  delivery, and waits on the suspend, stopped and crashed events), races them with
+  asyncio.wait, then cancels three. That came to a third of the event loop's callbacks per
+  record on the e2e benchmark's worker. The conductor's delivery puts the record in its
+  stream's queue and almost always ends at its first step. So the patch runs that first step
+  at once when none of the three events is set: a delivery that ends there needs no task
+  and no race. A delivery that waits (a full queue) goes on as a task, raced against the
+  same events by Faust's own wait_first, as before. Any other wait_first call is Faust's.
 
 Wrapped per app instance (``watch_cleared_queues``, installed by ``guard_offsets``):
 
@@ -100,6 +110,7 @@ from faust.topics import Topic as FaustTopic
 from faust.transport.consumer import Consumer as FaustConsumer
 from faust.transport.consumer import ThreadDelegateConsumer, ensure_TP
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaDriverConsumer
+from mode.services import WaitResults
 
 from keylane.errors import ConfigError
 
@@ -116,9 +127,10 @@ PATCHED: tuple[tuple[type, str], ...] = (
     (FaustConsumer, "_new_offset"),
     (FaustConsumer, "_drain_messages"),
     (FaustTopic, "_get_producer"),
+    (FaustConsumer, "wait_first"),
 )
-"""(class, attribute) of every patch ``wrap_faust_consumer`` and ``publish_without_stampede``
-install."""
+"""(class, attribute) of every patch ``wrap_faust_consumer``, ``publish_without_stampede`` and
+``deliver_without_tasks`` install."""
 
 
 def check_patchable(targets: Iterable[tuple[type, str]]) -> None:
@@ -156,6 +168,7 @@ class _UnfilteredReadOffsets(defaultdict[Any, int | None]):
 
 _wrapped = False
 _publishing_patched = False
+_delivery_patched = False
 
 
 def publish_without_stampede() -> None:
@@ -174,6 +187,82 @@ def publish_without_stampede() -> None:
         return await get_producer(self)
 
     FaustTopic._get_producer = running_producer  # type: ignore[method-assign]
+
+
+def deliver_without_tasks() -> None:
+    """Install the ``Consumer.wait_first`` patch of the module docstring, once per process."""
+    global _delivery_patched
+    if _delivery_patched:
+        return
+    _delivery_patched = True
+    wait_first = FaustConsumer.wait_first
+
+    async def deliver_first(self: Any, *coros: Any, timeout: Any = None) -> WaitResults:  # noqa: ASYNC109 - Faust's signature
+        if timeout is not None or len(coros) != 2 or not _is_wait_on(coros[1], self.suspend_flow):
+            return await wait_first(self, *coros, timeout=timeout)
+        delivery, flow_wait = coros
+        if self.suspend_flow.is_set() or self._stopped.is_set() or self._crashed.is_set():
+            return await wait_first(self, *coros)
+        if not asyncio.iscoroutine(delivery):
+            return await wait_first(self, *coros)
+        try:
+            waiting_on = delivery.send(None)
+        except StopIteration as done:
+            flow_wait.close()
+            return WaitResults([delivery], [done.value], False)
+        except BaseException:
+            flow_wait.close()
+            raise
+        return await wait_first(self, _continued(delivery, waiting_on), flow_wait)
+
+    FaustConsumer.wait_first = deliver_first  # type: ignore[method-assign]
+    if AIOKafkaDriverConsumer.wait_first is not deliver_first:
+        raise ConfigError(
+            f"keylane cannot patch Faust's Consumer.wait_first on faust-streaming {faust.__version__}; "
+            f"install faust-streaming{FAUST_PIN} (the range pyproject.toml pins)"
+        )
+
+
+def _is_wait_on(coro: Any, event: asyncio.Event) -> bool:
+    """Whether ``coro`` is ``event.wait()``, not started."""
+    frame = getattr(coro, "cr_frame", None)
+    return coro.__qualname__ == "Event.wait" and frame is not None and frame.f_locals.get("self") is event
+
+
+async def _continued(coro: Any, waiting_on: Any) -> Any:
+    """Run ``coro`` on from where its first step left it, waiting on ``waiting_on`` (a future,
+    or None for a bare yield), as an asyncio Task would have: it resumes once that is done,
+    and a cancellation of this coroutine's task reaches it at the same point."""
+    while True:
+        error: BaseException | None = None
+        try:
+            if waiting_on is None:  # asyncio.sleep(0): one turn of the loop
+                await asyncio.sleep(0)
+            elif getattr(waiting_on, "_asyncio_future_blocking", None) is None:
+                error = RuntimeError(f"a delivery yielded {waiting_on!r}, not a future")
+            else:
+                await _ended(waiting_on)
+        except asyncio.CancelledError as cancelled:
+            # A Task cancels the future its coroutine waits on; once that is done already,
+            # the coroutine gets the CancelledError itself.
+            if waiting_on is None or not waiting_on.cancel():
+                error = cancelled
+        try:
+            waiting_on = coro.send(None) if error is None else coro.throw(error)
+        except StopIteration as done:
+            return done.value
+
+
+def _ended(future: asyncio.Future[Any]) -> asyncio.Future[None]:
+    """A future done once ``future`` is, whatever its outcome (the coroutine reads that)."""
+    ended: asyncio.Future[None] = future.get_loop().create_future()
+
+    def end(_: asyncio.Future[Any]) -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    future.add_done_callback(end)
+    return ended
 
 
 def wrap_faust_consumer(guard_of: Callable[[Any], OffsetGuard | None]) -> None:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import faust
+import mode
 import pytest
+from faust.transport.consumer import Consumer as FaustConsumer
+from faust.transport.drivers.aiokafka import Consumer as DriverConsumer
 
 from keylane.errors import ConfigError
 from keylane.kafka import patches
@@ -49,3 +53,124 @@ async def test_a_publish_through_a_running_producer_does_not_wait_for_the_event_
 
     assert await topic._get_producer() is producer
     assert turns == [], "the lookup waited for the event loop"
+
+
+class FetchLoop(mode.Service):
+    """What Faust's Consumer.wait_first reads of its consumer: a mode Service's stopped and
+    crashed events, and the consumer's suspend_flow. A real consumer would start a thread
+    with its own event loop when built; the method under test is the Consumer class's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.suspend_flow = asyncio.Event()
+
+    def wait_first(self, *coros: Any, **options: Any) -> Any:
+        return FaustConsumer.wait_first(self, *coros, **options)
+
+
+@pytest.fixture
+def consumer() -> FetchLoop:
+    patches.deliver_without_tasks()
+    return FetchLoop()
+
+
+async def test_every_consumer_faust_runs_reaches_the_delivery_patch() -> None:
+    patches.deliver_without_tasks()
+    assert DriverConsumer.wait_first is FaustConsumer.wait_first
+    assert FaustConsumer.wait_first.__qualname__.endswith("deliver_first")
+
+
+async def test_a_delivery_that_ends_at_its_first_step_runs_at_once_without_a_task(consumer: Any) -> None:
+    delivered: list[str] = []
+
+    async def deliver() -> str:
+        delivered.append("record")
+        return "delivered"
+
+    turns: list[int] = []
+    asyncio.get_running_loop().call_soon(turns.append, 1)
+    result = await consumer.wait_first(deliver(), consumer.suspend_flow.wait())
+    assert delivered == ["record"]
+    assert (result.results, result.stopped) == (["delivered"], False)
+    assert turns == [], "the delivery waited for a turn of the event loop"
+
+
+async def test_a_delivery_that_waits_goes_on_until_it_ends(consumer: Any) -> None:
+    gate: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def deliver() -> str:
+        await asyncio.sleep(0)  # a bare yield, then a future
+        return await gate
+
+    waiting = asyncio.ensure_future(consumer.wait_first(deliver(), consumer.suspend_flow.wait()))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    gate.set_result("queued")
+    result = await asyncio.wait_for(waiting, 5)
+    assert (result.results, result.stopped) == (["queued"], False)
+
+
+async def test_a_flow_suspended_while_a_delivery_waits_cancels_the_delivery(consumer: Any) -> None:
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    seen: list[str] = []
+
+    async def deliver() -> None:
+        try:
+            await gate
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    waiting = asyncio.ensure_future(consumer.wait_first(deliver(), consumer.suspend_flow.wait()))
+    await asyncio.sleep(0.01)
+    consumer.suspend_flow.set()
+    result = await asyncio.wait_for(waiting, 5)
+    await asyncio.sleep(0.01)
+    assert result.results == [True]  # the suspend won, as with Faust's own race
+    assert seen == ["cancelled"]
+    assert gate.cancelled()
+
+
+async def test_a_cancel_after_what_the_delivery_waited_on_ended_still_reaches_it(consumer: Any) -> None:
+    """Cancelled in the same turn its future got a result: as in an asyncio Task, the
+    coroutine gets the CancelledError, not the result."""
+    gate: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    seen: list[str] = []
+
+    async def deliver() -> None:
+        try:
+            seen.append(await gate)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    waiting = asyncio.ensure_future(consumer.wait_first(deliver(), consumer.suspend_flow.wait()))
+    await asyncio.sleep(0.01)
+    gate.set_result("late")
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await asyncio.sleep(0.01)
+    assert seen == ["cancelled"]
+
+
+async def test_an_error_at_the_first_step_is_raised_to_the_fetch_loop(consumer: Any) -> None:
+    async def deliver() -> None:
+        raise ValueError("undecodable")
+
+    with pytest.raises(ValueError, match="undecodable"):
+        await consumer.wait_first(deliver(), consumer.suspend_flow.wait())
+
+
+async def test_with_the_flow_suspended_already_faust_decides(consumer: Any) -> None:
+    delivered: list[str] = []
+
+    async def deliver() -> None:
+        await asyncio.sleep(0.05)
+        delivered.append("record")
+
+    consumer.suspend_flow.set()
+    result = await asyncio.wait_for(consumer.wait_first(deliver(), consumer.suspend_flow.wait()), 5)
+    await asyncio.sleep(0.1)
+    assert result.results == [True]
+    assert delivered == []  # Faust's race cancelled the delivery
