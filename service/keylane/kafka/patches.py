@@ -201,9 +201,8 @@ def deliver_without_tasks() -> None:
         if timeout is not None or len(coros) != 2 or not _is_wait_on(coros[1], self.suspend_flow):
             return await wait_first(self, *coros, timeout=timeout)
         delivery, flow_wait = coros
-        if self.suspend_flow.is_set() or self._stopped.is_set() or self._crashed.is_set():
-            return await wait_first(self, *coros)
-        if not asyncio.iscoroutine(delivery):
+        events_set = self.suspend_flow.is_set() or self._stopped.is_set() or self._crashed.is_set()
+        if events_set or not asyncio.iscoroutine(delivery):
             return await wait_first(self, *coros)
         try:
             waiting_on = delivery.send(None)
@@ -241,7 +240,7 @@ async def _continued(coro: Any, waiting_on: Any) -> Any:
             elif getattr(waiting_on, "_asyncio_future_blocking", None) is None:
                 error = RuntimeError(f"a delivery yielded {waiting_on!r}, not a future")
             else:
-                await _ended(waiting_on)
+                await asyncio.wait((waiting_on,))  # done, whatever its outcome: coro reads that
         except asyncio.CancelledError as cancelled:
             # A Task cancels the future its coroutine waits on; once that is done already,
             # the coroutine gets the CancelledError itself.
@@ -251,18 +250,6 @@ async def _continued(coro: Any, waiting_on: Any) -> Any:
             waiting_on = coro.send(None) if error is None else coro.throw(error)
         except StopIteration as done:
             return done.value
-
-
-def _ended(future: asyncio.Future[Any]) -> asyncio.Future[None]:
-    """A future done once ``future`` is, whatever its outcome (the coroutine reads that)."""
-    ended: asyncio.Future[None] = future.get_loop().create_future()
-
-    def end(_: asyncio.Future[Any]) -> None:
-        if not ended.done():
-            ended.set_result(None)
-
-    future.add_done_callback(end)
-    return ended
 
 
 def wrap_faust_consumer(guard_of: Callable[[Any], OffsetGuard | None]) -> None:

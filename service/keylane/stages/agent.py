@@ -129,8 +129,8 @@ class AgentProcessor:
             STATE_TABLE, default=None, partitions=self.partitions, key_type=bytes, value_type=bytes
         )
         track_changelog(self.table)  # a state write counts as produced only once Kafka has it
-        # The store itself for reads, not the table: the table's own get looks a key up twice
-        # (a contains check for its default, then the read), once per record.
+        # The store's own read, not the table's get: that looks a key up twice (a contains
+        # check for its default, then the read), once per record; see stored_bytes.
         self.states = KeyStates(stored_bytes(self.table), self.table.__setitem__)
         self.fence = EpochFence(self.table, epoch_of, owns=owns_partition(app, catalog.name(events)))
         self.fence.install()  # a restore never takes a former owner's late write over its successor's
