@@ -1,18 +1,22 @@
 """State cost against what changed: keys holding 1, 64 and 512 KiB of memory, each activation
 rewriting 1 KiB of it.
 
-Entry point: :func:`run_state_growth_benchmarks` (``python -m bench.run`` runs it). For each
-memory size, in one fresh deployment (bench/deployment.py: 6 co-partitioned partitions):
+Entry point: :func:`run_state_growth_benchmarks` (``python -m bench.run`` runs it). Each
+memory size has a fresh deployment of its own (bench/deployment.py: 6 co-partitioned
+partitions) and its own worker:
 
-1. **Fill**: one ``fill`` event per key through a real ``keylane worker`` running
-   :func:`rewrite_one_cell`, which stores the size's worth of 1 KiB cells (``c0`` ... ``cN-1``,
-   incompressible bytes) in ``ctx.memory``.
-2. **Measured**, REPETITIONS[size] times on the same running worker: ``EVENTS_PER_KEY``
-   events per key, produced at once; each activation rewrites one cell (its index in the
-   event) with 1 KiB of new bytes and completes. Activations/s is the rate of the outputs'
-   timestamps (bench/reader.py); changelog bytes per activation is the growth of the state
-   changelog on the broker (DescribeLogDirs, as bench/recovery.py reads it) over the
-   repetition, divided by its activations, and the same for records.
+1. **Fill**, every size first: one ``fill`` event per key through a real ``keylane worker``
+   running :func:`rewrite_one_cell`, which stores the size's worth of 1 KiB cells (``c0`` ...
+   ``cN-1``, incompressible bytes) in ``ctx.memory``.
+2. **Measured**, REPETITIONS[size] rounds, each measuring every size in turn (1, 64, 512 KiB)
+   on its running worker: a slow spell of the machine then lands on one repetition of each
+   size, not on all three of one, and the medians compare sizes measured side by side.
+   A repetition is ``EVENTS_PER_KEY`` events per key, produced at once; each activation
+   rewrites one cell (its index in the event) with 1 KiB of new bytes and completes.
+   Activations/s is the rate of the outputs' timestamps (bench/reader.py); changelog bytes
+   per activation is the growth of the state changelog on the broker (DescribeLogDirs, as
+   bench/recovery.py reads it) over the repetition, divided by its activations, and the same
+   for records.
 
 One Result per size, ``state_growth_<K>kib`` (rate = the median repetition's activations/s),
 with ``changelog_bytes_per_activation``, ``changed_bytes_per_activation`` (1 KiB) and their
@@ -28,6 +32,7 @@ import asyncio
 import hashlib
 import statistics
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from bench.deployment import Deployment, Testbed, start
@@ -44,9 +49,11 @@ from keylane.wire import AgentEnvelope, encode
 
 CELL_BYTES = 1024
 KEYS: dict[Size, int] = {"smoke": 4, "quick": 10, "full": 20}
-EVENTS_PER_KEY: dict[Size, int] = {"smoke": 3, "quick": 30, "full": 25}
+EVENTS_PER_KEY: dict[Size, int] = {"smoke": 3, "quick": 30, "full": 100}
 """Quick: 300 activations per repetition. With 10 per key, a repetition lasted 0.15 s and one
-stall of the worker halved its rate (1 KiB: 340, 313 and 755/s in one run)."""
+stall of the worker halved its rate (1 KiB: 340, 313 and 755/s in one run). Full: 2,000, about
+a second: with 25 per key (a quarter second) one run's 512 KiB repetitions spread from 1,185
+to 2,071/s."""
 SETTLE_S = 1.0
 
 
@@ -77,6 +84,18 @@ config = AgentConfig()
 # -- the benchmark (runs in the bench process) ------------------------------------------------
 
 
+@dataclass
+class Sized:
+    """One memory size's deployment, its worker (filled), and what it measured."""
+
+    kib: int
+    deployment: Deployment
+    reader: Reader
+    worker: ManagedProcess
+    changelog: str
+    runs: list[dict[str, float]] = field(default_factory=list)
+
+
 class StateGrowthBench(Testbed):
     def __init__(self, recorder: Recorder, size: Size, bootstrap: str) -> None:
         super().__init__(bootstrap)
@@ -85,43 +104,55 @@ class StateGrowthBench(Testbed):
         self.events_per_key = EVENTS_PER_KEY[size]
         self.repetitions = REPETITIONS[size]
 
-    async def memory_size(self, kib: int) -> None:
+    async def run(self) -> None:
+        """Fill every size, then measure them in turn, repetition by repetition, so that a slow
+        spell of the machine falls on one repetition of each size rather than on every
+        repetition of one size (the report sets each size beside the smallest)."""
+        sized: list[Sized] = []
+        try:
+            for kib in STATE_GROWTH_KIB:
+                sized.append(await self.filled(kib))
+            for rep in range(self.repetitions):
+                for one in sized:
+                    one.runs.append(await self.repetition(one, rep))
+        finally:
+            for one in sized:
+                await one.reader.stop()
+            await self.stop_all()
+        for one in sized:
+            self.record(one)
+
+    async def filled(self, kib: int) -> Sized:
+        """A deployment whose worker holds ``kib`` KiB of memory for each key."""
         name = STATE_GROWTH[kib]
         deployment = await self.deploy(f"grow-{kib}")
-        changelog = f"{deployment.settings.app_id}-keylane-state-changelog"
-        events = deployment.topic(EVENTS)
         reader = Reader(self.bootstrap, deployment.topic(OUTPUT), deployment.partitions(OUTPUT))
         worker = self.worker(
             deployment, agent="bench.state_growth:rewrite_one_cell", config="bench.state_growth:config"
         )
+        changelog = f"{deployment.settings.app_id}-keylane-state-changelog"
         await reader.start()
-        try:
-            progress(f"{name}: filling {len(self.keys)} keys with {kib} KiB of memory each")
-            fill = encode(AgentEnvelope(payload=f"fill:{kib}"))
-            await produce_all(self.bootstrap, events, [(key, fill) for key in self.keys])
-            await start(worker)
-            await reader.take(
-                len(self.keys), timeout_s=120, watch=[worker], match=lambda r: r.value == b"filled"
-            )
-            # The fill's state writes are all in the changelog before the first batch is measured.
-            await self.changelog_records(changelog, deployment.partitions(EVENTS), len(self.keys))
-            runs = [
-                await self.repetition(deployment, reader, worker, changelog, kib, rep)
-                for rep in range(self.repetitions)
-            ]
-        finally:
-            await reader.stop()
-            await self.stop_all()
-        rates = [run["rate"] for run in runs]
-        per_activation = statistics.median(run["bytes_per_activation"] for run in runs)
+        one = Sized(kib, deployment, reader, worker, changelog)
+        progress(f"{name}: filling {len(self.keys)} keys with {kib} KiB of memory each")
+        fill = encode(AgentEnvelope(payload=f"fill:{kib}"))
+        await produce_all(self.bootstrap, deployment.topic(EVENTS), [(key, fill) for key in self.keys])
+        await start(worker)
+        await reader.take(len(self.keys), timeout_s=120, watch=[worker], match=lambda r: r.value == b"filled")
+        # The fill's state writes are all in the changelog before the first batch is measured.
+        await self.changelog_records(changelog, deployment.partitions(EVENTS), len(self.keys))
+        return one
+
+    def record(self, one: Sized) -> None:
+        rates = [run["rate"] for run in one.runs]
+        per_activation = statistics.median(run["bytes_per_activation"] for run in one.runs)
         extra: dict[str, Any] = {
-            "memory_kib": kib,
+            "memory_kib": one.kib,
             "keys": len(self.keys),
             "activations_per_repetition": len(self.keys) * self.events_per_key,
             "changed_bytes_per_activation": CELL_BYTES,
             "changelog_bytes_per_activation": per_activation,
             "changelog_records_per_activation": statistics.median(
-                run["records_per_activation"] for run in runs
+                run["records_per_activation"] for run in one.runs
             ),
             "write_amplification": per_activation / CELL_BYTES,
             "changelog_bytes_source": "DescribeLogDirs partition_size growth, summed over partitions",
@@ -131,21 +162,18 @@ class StateGrowthBench(Testbed):
             extra["rate_ratio_to_1kib"] = statistics.median(rates) / one_kib.rate
         self.recorder.add(
             Result(
-                name=name, unit="activations/s", rate=statistics.median(rates), repetitions=rates, extra=extra
+                name=STATE_GROWTH[one.kib],
+                unit="activations/s",
+                rate=statistics.median(rates),
+                repetitions=rates,
+                extra=extra,
             )
         )
 
-    async def repetition(
-        self,
-        deployment: Deployment,
-        reader: Reader,
-        worker: ManagedProcess,
-        changelog: str,
-        kib: int,
-        rep: int,
-    ) -> dict[str, float]:
+    async def repetition(self, one: Sized, rep: int) -> dict[str, float]:
         """One measured batch: every key rewrites a cell EVENTS_PER_KEY times."""
-        partitions = deployment.partitions(EVENTS)
+        changelog, kib = one.changelog, one.kib
+        partitions = one.deployment.partitions(EVENTS)
         bytes_before = await changelog_bytes(self.bootstrap, changelog)
         records_before = await self.changelog_count(changelog, partitions)
         version = rep + 1
@@ -154,11 +182,11 @@ class StateGrowthBench(Testbed):
             for i in range(self.events_per_key)
             for key in self.keys
         ]
-        await produce_all(self.bootstrap, deployment.topic(EVENTS), records)
+        await produce_all(self.bootstrap, one.deployment.topic(EVENTS), records)
         tag = b"set:%d" % version
         timeout_s = 120 + len(records) / 5
-        outputs = await reader.take(
-            len(records), timeout_s=timeout_s, watch=[worker], match=lambda r: r.value == tag
+        outputs = await one.reader.take(
+            len(records), timeout_s=timeout_s, watch=[one.worker], match=lambda r: r.value == tag
         )
         # An output can be visible a moment before the state write of its activation is
         # confirmed (both are confirmed when the job ends): wait for at least one record per
@@ -205,8 +233,7 @@ async def run_state_growth_benchmarks(recorder: Recorder, *, size: Size, bootstr
     bench = StateGrowthBench(recorder, size, bootstrap)
     with quiet_client_logs():
         try:
-            for kib in STATE_GROWTH_KIB:
-                await bench.memory_size(kib)
+            await bench.run()
         finally:
             await bench.stop_all()
             await bench.delete_topics()
