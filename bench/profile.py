@@ -1,7 +1,7 @@
 """`make bench-profile`: where a keylane worker's time goes under load, beside a plain Faust
 agent doing the same job, both sampled by py-spy.
 
-    python -m bench.profile [--records 20000] [--out bench/out]
+    python -m bench.profile [--records 20000] [--out bench/out] [--keep-raw]
 
 It deploys a fresh catalog (the broker from KAFKA_BOOTSTRAP_SERVERS, else a local Kafka 3.9
 from the Maven jars). Then, one after the other, it starts the plain Faust peer of ``make
@@ -261,17 +261,24 @@ class Sampled:
     def cpu_ms_per_record(self) -> float | None:
         return None if self.cpu_s is None else 1000 * self.cpu_s / self.records
 
+    def coverage(self, count: int) -> float | None:
+        """The share of the process CPU that ``count`` samples stand for (None: CPU unknown)."""
+        if not self.cpu_s:
+            return None
+        return count / SAMPLE_RATE_HZ / self.cpu_s
+
     def sampled_ms_per_record(self, count: int) -> float:
         """Python CPU per record that ``count`` samples stand for (one per 1/SAMPLE_RATE_HZ s)."""
         return count * 1000 / SAMPLE_RATE_HZ / self.records
 
 
 async def _through_backlog(
-    process: ManagedProcess, reader: Reader, name: str, backlog: Backlog, out: Path
+    process: ManagedProcess, reader: Reader, name: str, backlog: Backlog, out: Path, keep_raw: bool = False
 ) -> Sampled:
     """Start ``process``; once py-spy samples it, fill its input with ``backlog`` and sample
     until ``reader`` saw every record's output. The flame graph goes to
-    ``out/profile-<name>.svg``."""
+    ``out/profile-<name>.svg``, and with ``keep_raw`` py-spy's raw stacks to
+    ``out/profile-<name>.raw`` (one ``frame;...;frame count`` line per stack)."""
     raw, svg = out / f"profile-{name}.raw", out / f"profile-{name}.svg"
     records = len(backlog.records)
     await reader.start()
@@ -291,7 +298,8 @@ async def _through_backlog(
             if sampler.returncode is None:  # not one wait_sampling gave up on
                 finish(sampler)
     stacks = parse_collapsed(raw.read_text().splitlines())
-    raw.unlink()
+    if not keep_raw:
+        raw.unlink()
     cpu_s = None if before is None or after is None else after - before
     return Sampled(name, records, rate_of(outputs), stacks, cpu_s)
 
@@ -332,10 +340,20 @@ def compare(ours: Sampled, peer: Sampled) -> str:
         f"  {'total':<34} {ours.sampled_ms_per_record(total_ours):>8.3f} "
         f"{peer.sampled_ms_per_record(total_peer):>11.3f}"
     )
+    covered = [run.coverage(total) for run, total in ((ours, total_ours), (peer, total_peer))]
+    if None not in covered:
+        lines += [
+            "",
+            f"The samples stand for {covered[0]:.0%} of keylane's process CPU and {covered[1]:.0%} "
+            "of the peer's. The rest is CPU outside the GIL (system calls, RocksDB) and samples",
+            "py-spy did not take: on a busy 2-core machine it falls behind its rate (perf, which",
+            "samples the CPU itself, put 80% of the worker's CPU in the interpreter). Compare areas",
+            "by their shares; the CPU per record above is the whole.",
+        ]
     return "\n".join(lines) + "\n"
 
 
-async def profile(bootstrap: str, records: int, out: Path) -> str:
+async def profile(bootstrap: str, records: int, out: Path, keep_raw: bool = False) -> str:
     bed = Testbed(bootstrap)
     # The peer's input is shaped like agent.output, which has agent.events' partition count.
     source, sink = f"{bed.run_id}-profile.peer.events", f"{bed.run_id}-profile.peer.output"
@@ -347,7 +365,9 @@ async def profile(bootstrap: str, records: int, out: Path) -> str:
         reader = Reader(bootstrap, sink, deployment.partitions(OUTPUT))
         peer_process = bed.peer(deployment, "faust", source, sink)
         try:
-            peer = await _through_backlog(peer_process, reader, PEER, Backlog(bootstrap, source, events), out)
+            peer = await _through_backlog(
+                peer_process, reader, PEER, Backlog(bootstrap, source, events), out, keep_raw
+            )
         finally:
             await reader.stop()
             await stop(peer_process)
@@ -356,7 +376,7 @@ async def profile(bootstrap: str, records: int, out: Path) -> str:
         worker = bed.worker(deployment, agent="bench.agents:noop", config="bench.agents:noop_config")
         backlog = Backlog(bootstrap, deployment.topic(EVENTS), events)
         try:
-            ours = await _through_backlog(worker, reader, NAME, backlog, out)
+            ours = await _through_backlog(worker, reader, NAME, backlog, out, keep_raw)
         finally:
             await reader.stop()
             await stop(worker)
@@ -376,10 +396,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Sample a keylane worker under load with py-spy.")
     parser.add_argument("--records", type=int, default=20_000, help="pre-filled records (default 20,000)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out", help="where the profile goes")
+    parser.add_argument(
+        "--keep-raw", action="store_true", help="keep py-spy's raw stacks (profile-*.raw) beside the graphs"
+    )
     args = parser.parse_args(argv)
     try:
         with bench_broker("the profile") as bootstrap:
-            print(asyncio.run(profile(bootstrap, args.records, args.out)), end="")
+            print(asyncio.run(profile(bootstrap, args.records, args.out, args.keep_raw)), end="")
     except BenchFailure as exc:
         print(f"bench-profile: {exc}", file=sys.stderr)
         return 1

@@ -71,6 +71,8 @@ def test_the_comparison_sets_each_areas_cpu_per_record_beside_the_peers() -> Non
     assert rows["consumer fetch thread"] == ["3.000", "3.000"]  # 60 samples x 5 ms / 100 records
     assert rows["metrics"] == ["0.500", "0.000"]
     assert rows["total"] == ["5.000", "3.000"]
+    # 100 samples are 0.5 s against the 0.2 s keylane spent; 60 are 0.3 s against the peer's 0.1 s
+    assert "The samples stand for 250% of keylane's process CPU and 300% of the peer's." in text
 
 
 def test_cpu_seconds_reads_this_process() -> None:
