@@ -15,8 +15,6 @@ from typing import Any
 
 import faust
 from aiokafka import AIOKafkaConsumer
-from faust import stores
-from faust.stores.rocksdb import Store as FaustRocksDBStore
 from faust.types import TP
 from mode import Signal
 from mode.utils.times import want_seconds
@@ -26,7 +24,6 @@ from keylane.catalog import EVENTS, Catalog
 from keylane.config import Settings
 from keylane.kafka.delivery import delivery_guard
 from keylane.kafka.patches import deliver_without_tasks, publish_without_stampede
-from keylane.kafka.rocksdb_store import RocksDBStore
 from keylane.kafka.sensors import CommitMonitor, hook_sensors
 from keylane.kafka.topic_admin import admin_client, ensure_topic
 
@@ -168,24 +165,6 @@ def _replicated_table(
                 )
             await super().on_start()
 
-        def _new_store_by_url(self, url: Any) -> Any:
-            # Faust's RocksDB store, writing its persisted offsets once per loop turn
-            # (service/keylane/kafka/rocksdb_store.py); any other store is Faust's.
-            if stores.by_url(url) is not FaustRocksDBStore:
-                return super()._new_store_by_url(url)
-            return RocksDBStore(
-                url,
-                self.app,
-                self,
-                table_name=self.name,
-                key_type=self.key_type,
-                key_serializer=self.key_serializer,
-                value_serializer=self.value_serializer,
-                value_type=self.value_type,
-                loop=self.loop,
-                options=self.options,
-            )
-
     return ReplicatedTable
 
 
@@ -197,32 +176,10 @@ def stored_bytes(table: Any) -> Callable[[bytes], bytes | None]:
     through Mapping.get and __getitem__, encodes the key and decodes the value with the raw
     codec (a pass-through for bytes), and raises KeyError for an absent key, which get then
     turns into None."""
-    _check_bytes_table(table, "reader")
+    if table.key_type is not bytes or table.value_type is not bytes:
+        raise TypeError(f"table {table.name}: a stored-bytes reader needs key_type and value_type bytes")
     read: Callable[[bytes], bytes | None] = table.data._get
     return read
-
-
-def stored_bytes_writer(table: Any) -> Callable[[bytes, bytes], None]:
-    """A writer of a bytes-to-bytes table: what ``table[key] = value`` does, in its order,
-    without the codec calls. First the changelog record (the table's ``on_key_set``: its
-    ``send_changelog``, as track_changelog wraps it, and its sensors), then the store's own
-    write (``_set``) in the current event's partition. The store's ``__setitem__`` would run
-    the raw codec over the key and the value first, a pass-through for bytes that costs
-    about as much as the write; a paged key's write is two of them."""
-    _check_bytes_table(table, "writer")
-    send_changelog = table.on_key_set
-    write = table.data._set
-
-    def put(key: bytes, value: bytes) -> None:
-        send_changelog(key, value)
-        write(key, value)
-
-    return put
-
-
-def _check_bytes_table(table: Any, what: str) -> None:
-    if table.key_type is not bytes or table.value_type is not bytes:
-        raise TypeError(f"table {table.name}: a stored-bytes {what} needs key_type and value_type bytes")
 
 
 def on_shutdown(app: faust.App, stop: Callable[[], Awaitable[None]]) -> None:

@@ -226,7 +226,7 @@ class RestoreStart:
         if offset is not None:
             store.set_persisted_offset(tp, offset)
         else:
-            store.clear_persisted_offset(tp)
+            store._db_for_partition(tp.partition).delete(store.offset_key)
 
 
 class _CommitSampler(faust.Sensor):
