@@ -81,13 +81,7 @@ ZOMBIE_LINES = {
     "late_writes_written_over": re.compile(r"is a former owner's late write"),
 }
 
-# known_bug: on 2026-12-05 this run failed in two fresh-clone CI runs (seed 1, 300 events) and
-# in 4 of 9 runs by hand (seeds 1 and 29, beside a CPU hog), the second CI one on the code
-# of 781cd8b, whose CI had passed: a paged key's state record names a memory page its
-# store does not hold after a pause and the restore that follows it ("memory page 5/1 is
-# missing", the key quarantined), and other keys are restored as new (seq back to 1). Not
-# fixed yet (see that day's closing note); `make chaos` and `pytest -m known_bug` run it.
-pytestmark = [pytest.mark.kafka, pytest.mark.chaos, pytest.mark.known_bug]
+pytestmark = [pytest.mark.kafka, pytest.mark.chaos]
 
 PAUSE_VICTIMS = ("worker-a", "worker-b", "effector", "effector-b")
 """Every process of the run: each effector's partitions move to the other one while it is

@@ -60,7 +60,13 @@ Wrapped per app instance (``watch_cleared_queues``, installed by ``guard_offsets
   them, and their partition waited for the stall check (seen on a busy machine as a 15 s
   stall of the first record after a restart). The wrap reads the queued events'
   topic-partitions (``asyncio.Queue._queue`` and ``_putters``) before the clear, and tells
-  the guard which governed partitions lost records.
+  the guard which governed partitions lost records. A clear that resumes the flow puts the
+  table changelog queue's records of the recovery's standby partitions back
+  (``standby_records_kept``): Faust resumes the flow as a recovery ends, after its standby
+  partitions started fetching, and their records dropped there were never read again, so a
+  standby store lacked them while its offset passed them; the worker that took such a
+  partition over ran its keys on state that went back, and on records naming memory pages
+  its store did not hold (found by the pause chaos with paged memory).
 
 Each patched attribute is checked to exist on its class when this module is imported
 (``check_patchable``: a faust-streaming outside ``FAUST_PIN`` fails with its version named),
@@ -86,7 +92,9 @@ Faust and aiokafka internals keylane reaches without patching them:
   at once. Faust's store's ``_db_for_partition`` lets a changelog restore compare a record's
   epoch with the stored one.
 * ``app.tables.recovery.completed`` (``recovery_completed`` in service/keylane/kafka/app.py):
-  the TableManager's recovery, which its Protocol does not declare.
+  the TableManager's recovery, which its Protocol does not declare; its ``standby_tps``, the
+  TableManager's ``_changelog_queue`` and the queue's ``asyncio.Queue`` internals
+  (``_queue``) for ``standby_records_kept``.
 * ``AIOKafkaAdminClient._client`` (service/keylane/kafka/topic_admin.py): the public admin
   API asks one broker for metadata; keylane asks each.
 
@@ -330,7 +338,8 @@ def watch_cleared_queues(app: Any, cleared: Callable[[set[tuple[str, int]], bool
     """Wrap ``app.flow_control.clear`` (see the module docstring): the topic-partitions of the
     events in the queues are read before each clear and passed to ``cleared(partitions,
     unknown)`` after it, ``unknown`` telling whether waiting puts, whose events nobody can
-    see, were cancelled."""
+    see, were cancelled. A clear that resumes the flow keeps the queued records of the
+    standby changelog partitions the app's recovery reads (``standby_records_kept``)."""
     flow_control = app.flow_control
     clear = flow_control.clear
     if getattr(clear, "_keylane_watched", False):
@@ -339,18 +348,51 @@ def watch_cleared_queues(app: Any, cleared: Callable[[set[tuple[str, int]], bool
     def clear_watched() -> None:
         partitions: set[tuple[str, int]] = set()
         unknown = False
+        # Faust's resume() clears with the flow active again; a revocation suspends it first.
+        kept = standby_records_kept(app) if flow_control.is_active() else None
+        kept_ids = {id(item) for item in kept[1]} if kept is not None else set()
         for queue in list(flow_control._queues):
             for item in list(getattr(queue, "_queue", ())):
                 message = getattr(item, "message", None)
-                if message is not None:
+                if message is not None and id(item) not in kept_ids:
                     partitions.add((message.topic, message.partition))
             unknown = unknown or any(not putter.done() for putter in getattr(queue, "_putters", ()))
         clear()
+        if kept is not None and kept[1]:
+            # Counted in the queue's unfinished tasks when first put; and a reader woken by a
+            # put finds them, the clear and this being one step of the event loop.
+            queue, items = kept
+            queue._queue.extend(items)
         if partitions or unknown:
             cleared(partitions, unknown)
 
     clear_watched._keylane_watched = True  # type: ignore[attr-defined]
     flow_control.clear = clear_watched
+
+
+def standby_records_kept(app: Any) -> tuple[Any, list[Any]] | None:
+    """The app's table changelog queue and, in order, its queued records of the standby
+    partitions its recovery reads now (None: the app has no table).
+
+    Faust resumes the flow once more as a recovery ends (``on_recovery_completed``), after its
+    standby partitions were resumed and while it awaits the seek of the stream partitions: a
+    standby's records fetched meanwhile wait in the changelog queue, and the resume's clear
+    dropped them. The recovery never read them again, having no record of them (it counts the
+    records it took from the queue), and the standby's next records moved its store's offset
+    past them: a worker that then took the partition over as its active owner trusted a store
+    that lacked those records. Records of a standby partition in the queue are unread records
+    that follow what the recovery read, in the order it must read them."""
+    tables = app.tables
+    queue = getattr(tables, "_changelog_queue", None)
+    if queue is None:
+        return None
+    standbys = tables.recovery.standby_tps
+    return queue, [item for item in queue._queue if _message_tp(item) in standbys]
+
+
+def _message_tp(item: Any) -> Any:
+    message = getattr(item, "message", None)
+    return None if message is None else message.tp
 
 
 def _check_wrapped(wrappers: Mapping[str, Callable[..., Any]]) -> None:

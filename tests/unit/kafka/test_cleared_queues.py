@@ -105,3 +105,60 @@ async def test_the_wrap_is_installed_once() -> None:
     await settled(guard)
 
     assert consumer.seeks == [{TP(TOPIC, 0): 5}]
+
+
+CHANGELOG = "app-keylane-state-changelog"
+
+
+def changelog_event(partition: int, offset: int) -> Any:
+    message = SimpleNamespace(
+        topic=CHANGELOG, partition=partition, offset=offset, tp=TP(CHANGELOG, partition)
+    )
+    return SimpleNamespace(message=message)
+
+
+async def test_a_resume_keeps_the_queued_records_of_standby_partitions_in_order() -> None:
+    """Faust resumes the flow as a recovery ends, after its standby partitions started fetching:
+    their queued records are unread, and nothing reads them again if the clear drops them."""
+    app, guard, consumer = guarded_app()
+    queue = app.tables.changelog_queue  # the table manager's own queue, as Faust makes it
+    app.tables.recovery.standby_tps.add(TP(CHANGELOG, 1))
+    app.flow_control.resume()
+    for offset in range(3):
+        await queue.put(changelog_event(1, offset))  # standby
+        await queue.put(changelog_event(0, offset))  # active: recovered already, Faust's to drop
+
+    app.flow_control.resume()  # on_recovery_completed, after its seek of the stream partitions
+    await settled(guard)
+
+    kept = [queue.get_nowait().message for _ in range(queue.qsize())]
+    assert [(m.partition, m.offset) for m in kept] == [(1, 0), (1, 1), (1, 2)]
+    assert consumer.seeks == []
+
+
+async def test_a_reader_woken_by_a_put_gets_the_kept_record() -> None:
+    app, _, _ = guarded_app()
+    queue = app.tables.changelog_queue
+    app.tables.recovery.standby_tps.add(TP(CHANGELOG, 0))
+    app.flow_control.resume()
+    reader = asyncio.ensure_future(queue.get())  # Faust's recovery waits on the empty queue
+    await asyncio.sleep(0)
+    await queue.put(changelog_event(0, 8))  # wakes the reader, which has not run yet
+
+    app.flow_control.resume()
+
+    assert (await asyncio.wait_for(reader, 1)).message.offset == 8
+
+
+async def test_a_revocation_drops_the_standby_records_too() -> None:
+    """The partitions' next assignment reads again from what their stores applied."""
+    app, _, _ = guarded_app()
+    queue = app.tables.changelog_queue
+    app.tables.recovery.standby_tps.add(TP(CHANGELOG, 1))
+    app.flow_control.resume()
+    await queue.put(changelog_event(1, 0))
+
+    app.flow_control.suspend()
+    app.flow_control.clear()
+
+    assert queue.empty()
