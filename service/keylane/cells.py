@@ -13,8 +13,14 @@ from typing import Any
 import msgspec
 
 
-class MemoryEntry(msgspec.Struct, kw_only=True):
-    """One memory value: a scalar, or a ring (a bounded list, oldest first)."""
+class MemoryEntry(msgspec.Struct, kw_only=True, gc=False):
+    """One memory value: a scalar, or a ring (a bounded list, oldest first).
+
+    Not tracked by the garbage collector (``gc=False``): a key's memory is a dict of these,
+    copied at every activation, and a dict whose values the collector does not track is not
+    tracked either, so a young collection does not walk a large memory entry by entry. That
+    is safe because no cycle can run through an entry: only the Memory facade and the
+    decoder make them, around a value that cannot refer back to its entry."""
 
     value: Any
     ring: bool = False

@@ -212,20 +212,22 @@ class KeyStates:
         staged = state.pages
         size = staged.memory_bytes
         old, names = self._committed(key)
+        # The write takes the kept names over and changes them in place: a copy of a large
+        # memory's names at every activation was most of what the young garbage collections
+        # walked. Were the write to fail, the key's next read assembles its pages again.
+        self._forget(key)
         if old is None:  # no page is named: every bucket starts in slot 0
             fresh = new_layout(staged.buckets, size)
             return fresh, *_every_page(entries, fresh, state)
         if (staged.buckets, staged.slots) != (old.buckets, old.slots):
             # Not staged from the committed record: replace every page it names.
             return _rewritten(entries, old, old.buckets, size, state)
-        # The kept names change only once the write is done: copy the buckets it touches.
-        names = names_by_bucket(entries, old.buckets) if names is None else dict(names)
+        if names is None:
+            names = names_by_bucket(entries, old.buckets)
         changed: set[int] = set()
         for name in staged.dirty:
             bucket = bucket_of(name, old.buckets)
-            if bucket not in changed:
-                changed.add(bucket)
-                names[bucket] = set(names[bucket])
+            changed.add(bucket)
             if name in entries:
                 names[bucket].add(name)
             else:
