@@ -15,6 +15,8 @@ from typing import Any
 
 import faust
 from aiokafka import AIOKafkaConsumer
+from faust import stores
+from faust.stores.rocksdb import Store as FaustRocksDBStore
 from faust.types import TP
 from mode import Signal
 from mode.utils.times import want_seconds
@@ -24,6 +26,7 @@ from keylane.catalog import EVENTS, Catalog
 from keylane.config import Settings
 from keylane.kafka.delivery import delivery_guard
 from keylane.kafka.patches import deliver_without_tasks, publish_without_stampede
+from keylane.kafka.rocksdb_store import RocksDBStore
 from keylane.kafka.sensors import CommitMonitor, hook_sensors
 from keylane.kafka.topic_admin import admin_client, ensure_topic
 
@@ -164,6 +167,24 @@ def _replicated_table(
                     configs=configs,
                 )
             await super().on_start()
+
+        def _new_store_by_url(self, url: Any) -> Any:
+            # Faust's RocksDB store, writing its persisted offsets once per loop turn
+            # (service/keylane/kafka/rocksdb_store.py); any other store is Faust's.
+            if stores.by_url(url) is not FaustRocksDBStore:
+                return super()._new_store_by_url(url)
+            return RocksDBStore(
+                url,
+                self.app,
+                self,
+                table_name=self.name,
+                key_type=self.key_type,
+                key_serializer=self.key_serializer,
+                value_serializer=self.value_serializer,
+                value_type=self.value_type,
+                loop=self.loop,
+                options=self.options,
+            )
 
     return ReplicatedTable
 

@@ -226,7 +226,7 @@ class RestoreStart:
         if offset is not None:
             store.set_persisted_offset(tp, offset)
         else:
-            store._db_for_partition(tp.partition).delete(store.offset_key)
+            store.clear_persisted_offset(tp)
 
 
 class _CommitSampler(faust.Sensor):

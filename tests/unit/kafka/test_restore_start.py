@@ -44,6 +44,9 @@ class Store:
     def set_persisted_offset(self, tp: Any, offset: int) -> None:
         self._db_for_partition(tp.partition)[OFFSET_KEY] = str(offset).encode()
 
+    def clear_persisted_offset(self, tp: Any) -> None:
+        self._db_for_partition(tp.partition).delete(OFFSET_KEY)
+
     def partition_path(self, partition: int) -> Path:
         return self.path / f"keylane-state-{partition}.db"
 

@@ -1,0 +1,122 @@
+"""A keylane table's RocksDB store (service/keylane/kafka/rocksdb_store.py) writes a partition's
+persisted changelog offset once per loop turn: readers see the newest offset at once, the
+database gets it in the loop's next turn, in one write, and before a revocation or a stop lets
+go of the databases. Real rocksdict databases, no broker."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import faust
+import pytest
+from faust.stores.memory import Store as MemoryStore
+from faust.types import TP
+
+from keylane.catalog import load_catalog
+from keylane.config import Settings
+from keylane.kafka.app import build_app
+from keylane.kafka.rocksdb_store import RocksDBStore
+
+CHANGELOG = "w-states-changelog"
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> faust.App:
+    return build_app(Settings.from_env({}, data_dir=tmp_path, app_id="w"), load_catalog(prefix="w."))
+
+
+@pytest.fixture
+def store(app: faust.App) -> RocksDBStore:
+    table = app.Table("states", default=None, partitions=4, key_type=bytes, value_type=bytes)
+    assert isinstance(table.data, RocksDBStore), "a keylane app's tables run on keylane's store"
+    return table.data
+
+
+def in_database(store: RocksDBStore, partition: int) -> int | None:
+    """The offset the partition's database holds (not what the store answers)."""
+    raw = store._db_for_partition(partition).get(store.offset_key)
+    return None if raw is None else int(raw)
+
+
+class CountedPuts:
+    """A partition database whose puts are counted."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+        self.puts = 0
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.puts += 1
+        self.db.put(key, value)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.db, name)
+
+
+async def test_the_acks_of_one_turn_reach_the_database_in_one_write(store: RocksDBStore) -> None:
+    tp = TP(CHANGELOG, 1)
+    counted = CountedPuts(store._db_for_partition(1))
+    store._dbs[1] = counted
+    for offset in range(10, 20):
+        store.set_persisted_offset(tp, offset)
+    assert store.persisted_offset(tp) == 19, "readers see the newest offset at once"
+    assert (in_database(store, 1), counted.puts) == (None, 0)
+    await asyncio.sleep(0)  # the loop's next turn
+    assert (in_database(store, 1), counted.puts) == (19, 1)
+    assert store.persisted_offset(tp) == 19
+    store.set_persisted_offset(tp, 25)
+    await asyncio.sleep(0)
+    assert (in_database(store, 1), counted.puts) == (25, 2), "a later turn writes again"
+
+
+async def test_each_partition_keeps_its_own_offset(store: RocksDBStore) -> None:
+    store.set_persisted_offset(TP(CHANGELOG, 0), 7)
+    store.set_persisted_offset(TP(CHANGELOG, 3), 70)
+    await asyncio.sleep(0)
+    assert [in_database(store, p) for p in range(4)] == [7, None, None, 70]
+
+
+async def test_a_revocation_writes_the_kept_offsets_before_faust_lets_go(
+    store: RocksDBStore, app: faust.App
+) -> None:
+    store.set_persisted_offset(TP(CHANGELOG, 2), 42)
+    db = store._db_for_partition(2)
+    store.revoke_partitions(store.table, {TP(CHANGELOG, 2)})
+    assert 2 not in store._dbs, "Faust let go of the revoked partition's database"
+    assert db.get(store.offset_key) == b"42"
+
+
+async def test_a_stop_writes_the_kept_offsets(store: RocksDBStore) -> None:
+    store.set_persisted_offset(TP(CHANGELOG, 0), 5)
+    db = store._db_for_partition(0)
+    await store.stop()
+    assert db.get(store.offset_key) == b"5"
+
+
+async def test_clearing_drops_the_kept_offset_and_the_written_one(store: RocksDBStore) -> None:
+    tp = TP(CHANGELOG, 1)
+    store.set_persisted_offset(tp, 3)
+    await asyncio.sleep(0)
+    store.set_persisted_offset(tp, 4)  # kept, not written yet
+    store.clear_persisted_offset(tp)
+    assert store.persisted_offset(tp) is None
+    await asyncio.sleep(0)
+    assert in_database(store, 1) is None, "no kept offset comes back after the clear"
+
+
+def test_without_a_running_loop_the_offset_is_written_at_once(tmp_path: Path) -> None:
+    app = build_app(Settings.from_env({}, data_dir=tmp_path, app_id="w"), load_catalog(prefix="w."))
+    table = app.Table("states", default=None, partitions=4, key_type=bytes, value_type=bytes)
+    store = table.data
+    assert isinstance(store, RocksDBStore)
+    store.set_persisted_offset(TP(CHANGELOG, 0), 9)
+    assert in_database(store, 0) == 9
+
+
+def test_another_store_stays_fausts(tmp_path: Path) -> None:
+    app = build_app(Settings.from_env({}, data_dir=tmp_path, app_id="w"), load_catalog(prefix="w."))
+    app.conf.store = "memory://"  # type: ignore[assignment]  # Faust converts it to a URL
+    table = app.Table("in-memory", default=None, partitions=4)
+    assert type(table.data) is MemoryStore
