@@ -91,6 +91,12 @@ Faust and aiokafka internals keylane reaches without patching them:
   the consumer thread's loop) makes a worker that stood still past its session timeout rejoin
   at once. Faust's store's ``_db_for_partition`` lets a changelog restore compare a record's
   epoch with the stored one.
+* The RocksDB store's own read and write, ``Store._get`` and ``Store._set``, and the table's
+  ``on_key_set`` (``stored_bytes`` and ``stored_bytes_writer`` in service/keylane/kafka/app.py):
+  the state table's reads and writes without the raw codec's pass-through calls.
+  ``RocksDBStore`` (service/keylane/kafka/rocksdb_store.py) subclasses Faust's RocksDB store,
+  overriding its persisted-offset methods, ``revoke_partitions`` and ``stop``; the app's
+  Table class picks it in ``_new_store_by_url``.
 * ``app.tables.recovery.completed`` (``recovery_completed`` in service/keylane/kafka/app.py):
   the TableManager's recovery, which its Protocol does not declare; its ``standby_tps``, the
   TableManager's ``_changelog_queue`` and the queue's ``asyncio.Queue`` internals

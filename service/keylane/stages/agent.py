@@ -73,6 +73,7 @@ from keylane.kafka.app import (
     on_shutdown,
     recovery_completed,
     stored_bytes,
+    stored_bytes_writer,
 )
 from keylane.kafka.delivery import RecordTooLarge, confirm_handed_off, confirming, track_changelog
 from keylane.kafka.epochs import EpochFence, group_generation, owns_partition, request_rejoin
@@ -129,9 +130,10 @@ class AgentProcessor:
             STATE_TABLE, default=None, partitions=self.partitions, key_type=bytes, value_type=bytes
         )
         track_changelog(self.table)  # a state write counts as produced only once Kafka has it
-        # The store's own read, not the table's get: that looks a key up twice (a contains
-        # check for its default, then the read), once per record; see stored_bytes.
-        self.states = KeyStates(stored_bytes(self.table), self.table.__setitem__)
+        # The store's own read and write, not the table's get and set: those look a key up
+        # twice (a contains check for its default, then the read), or run the raw codec
+        # over bytes, once per record; see stored_bytes.
+        self.states = KeyStates(stored_bytes(self.table), stored_bytes_writer(self.table))
         self.fence = EpochFence(self.table, epoch_of, owns=owns_partition(app, catalog.name(events)))
         self.fence.install()  # a restore never takes a former owner's late write over its successor's
         # ... nor starts past records a former owner wrote while this worker was away
