@@ -111,7 +111,7 @@ class StateGrowthBench(Testbed):
         sized: list[Sized] = []
         try:
             for kib in STATE_GROWTH_KIB:
-                sized.append(await self.filled(kib))
+                await self.fill(kib, sized)
             for rep in range(self.repetitions):
                 for one in sized:
                     one.runs.append(await self.repetition(one, rep))
@@ -122,8 +122,9 @@ class StateGrowthBench(Testbed):
         for one in sized:
             self.record(one)
 
-    async def filled(self, kib: int) -> Sized:
-        """A deployment whose worker holds ``kib`` KiB of memory for each key."""
+    async def fill(self, kib: int, sized: list[Sized]) -> None:
+        """Add to ``sized`` a deployment whose worker holds ``kib`` KiB of memory for each key
+        (added as soon as its reader runs, so a fill that fails still has its reader stopped)."""
         name = STATE_GROWTH[kib]
         deployment = await self.deploy(f"grow-{kib}")
         reader = Reader(self.bootstrap, deployment.topic(OUTPUT), deployment.partitions(OUTPUT))
@@ -133,6 +134,7 @@ class StateGrowthBench(Testbed):
         changelog = f"{deployment.settings.app_id}-keylane-state-changelog"
         await reader.start()
         one = Sized(kib, deployment, reader, worker, changelog)
+        sized.append(one)
         progress(f"{name}: filling {len(self.keys)} keys with {kib} KiB of memory each")
         fill = encode(AgentEnvelope(payload=f"fill:{kib}"))
         await produce_all(self.bootstrap, deployment.topic(EVENTS), [(key, fill) for key in self.keys])
@@ -140,7 +142,6 @@ class StateGrowthBench(Testbed):
         await reader.take(len(self.keys), timeout_s=120, watch=[worker], match=lambda r: r.value == b"filled")
         # The fill's state writes are all in the changelog before the first batch is measured.
         await self.changelog_records(changelog, deployment.partitions(EVENTS), len(self.keys))
-        return one
 
     def record(self, one: Sized) -> None:
         rates = [run["rate"] for run in one.runs]
