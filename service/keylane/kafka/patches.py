@@ -62,7 +62,7 @@ Wrapped per app instance (``watch_cleared_queues``, installed by ``guard_offsets
   topic-partitions (``asyncio.Queue._queue`` and ``_putters``) before the clear, and tells
   the guard which governed partitions lost records. A clear that resumes the flow puts the
   table changelog queue's records of the recovery's standby partitions back
-  (``standby_records_kept``): Faust resumes the flow as a recovery ends, after its standby
+  (``reading_standbys``): Faust resumes the flow as a recovery ends, after its standby
   partitions started fetching, and their records dropped there were never read again, so a
   standby store lacked them while its offset passed them; the worker that took such a
   partition over ran its keys on state that went back, and on records naming memory pages
@@ -100,7 +100,7 @@ Faust and aiokafka internals keylane reaches without patching them:
 * ``app.tables.recovery.completed`` (``recovery_completed`` in service/keylane/kafka/app.py):
   the TableManager's recovery, which its Protocol does not declare; its ``standby_tps``, the
   TableManager's ``_changelog_queue`` and the queue's ``asyncio.Queue`` internals
-  (``_queue``) for ``standby_records_kept``.
+  (``_queue``) for the wrap that keeps the records of ``reading_standbys``.
 * ``AIOKafkaAdminClient._client`` (service/keylane/kafka/topic_admin.py): the public admin
   API asks one broker for metadata; keylane asks each.
 
@@ -345,7 +345,7 @@ def watch_cleared_queues(app: Any, cleared: Callable[[set[tuple[str, int]], bool
     events in the queues are read before each clear and passed to ``cleared(partitions,
     unknown)`` after it, ``unknown`` telling whether waiting puts, whose events nobody can
     see, were cancelled. A clear that resumes the flow keeps the queued records of the
-    standby changelog partitions the app's recovery reads (``standby_records_kept``)."""
+    standby changelog partitions the app's recovery reads (``reading_standbys``)."""
     flow_control = app.flow_control
     clear = flow_control.clear
     if getattr(clear, "_keylane_watched", False):
@@ -355,19 +355,22 @@ def watch_cleared_queues(app: Any, cleared: Callable[[set[tuple[str, int]], bool
         partitions: set[tuple[str, int]] = set()
         unknown = False
         # Faust's resume() clears with the flow active again; a revocation suspends it first.
-        kept = standby_records_kept(app) if flow_control.is_active() else None
-        kept_ids = {id(item) for item in kept[1]} if kept is not None else set()
+        standbys = reading_standbys(app) if flow_control.is_active() else frozenset()
+        kept: dict[Any, list[Any]] = {}
         for queue in list(flow_control._queues):
             for item in list(getattr(queue, "_queue", ())):
                 message = getattr(item, "message", None)
-                if message is not None and id(item) not in kept_ids:
+                if message is None:
+                    continue
+                if standbys and message.tp in standbys:
+                    kept.setdefault(queue, []).append(item)
+                else:
                     partitions.add((message.topic, message.partition))
             unknown = unknown or any(not putter.done() for putter in getattr(queue, "_putters", ()))
         clear()
-        if kept is not None and kept[1]:
+        for queue, items in kept.items():
             # Counted in the queue's unfinished tasks when first put; and a reader woken by a
             # put finds them, the clear and this being one step of the event loop.
-            queue, items = kept
             queue._queue.extend(items)
         if partitions or unknown:
             cleared(partitions, unknown)
@@ -376,9 +379,9 @@ def watch_cleared_queues(app: Any, cleared: Callable[[set[tuple[str, int]], bool
     flow_control.clear = clear_watched
 
 
-def standby_records_kept(app: Any) -> tuple[Any, list[Any]] | None:
-    """The app's table changelog queue and, in order, its queued records of the standby
-    partitions its recovery reads now (None: the app has no table).
+def reading_standbys(app: Any) -> frozenset[Any]:
+    """The standby changelog partitions the app's table recovery reads now (none without a
+    table), whose queued records a clear that resumes the flow puts back.
 
     Faust resumes the flow once more as a recovery ends (``on_recovery_completed``), after its
     standby partitions were resumed and while it awaits the seek of the stream partitions: a
@@ -389,16 +392,9 @@ def standby_records_kept(app: Any) -> tuple[Any, list[Any]] | None:
     that lacked those records. Records of a standby partition in the queue are unread records
     that follow what the recovery read, in the order it must read them."""
     tables = app.tables
-    queue = getattr(tables, "_changelog_queue", None)
-    if queue is None:
-        return None
-    standbys = tables.recovery.standby_tps
-    return queue, [item for item in queue._queue if _message_tp(item) in standbys]
-
-
-def _message_tp(item: Any) -> Any:
-    message = getattr(item, "message", None)
-    return None if message is None else message.tp
+    if getattr(tables, "_changelog_queue", None) is None:
+        return frozenset()
+    return frozenset(tables.recovery.standby_tps)
 
 
 def _check_wrapped(wrappers: Mapping[str, Callable[..., Any]]) -> None:
