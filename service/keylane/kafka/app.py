@@ -57,7 +57,12 @@ def faust_broker_url(settings: Settings) -> str:
 
 
 def build_app(
-    settings: Settings, catalog: Catalog, *, partitions: int | None = None, client_id: str = "keylane"
+    settings: Settings,
+    catalog: Catalog,
+    *,
+    partitions: int | None = None,
+    client_id: str = "keylane",
+    offset_write_interval_s: float = 0.0,
 ) -> faust.App:
     """A Faust app whose internal topics match the catalog's co-partitioning.
 
@@ -77,6 +82,10 @@ def build_app(
 
     ``client_id`` is the Kafka client id of the app's consumer and producer: a worker's names
     its agent (service/keylane/kafka/group_identity.py).
+
+    ``offset_write_interval_s``: how long the table stores keep a persisted changelog offset
+    in memory before writing it (service/keylane/kafka/rocksdb_store.py); 0 writes it in the
+    loop's next turn. Only an app whose stores do not outlive a crash may wait longer.
     """
     metrics.use_topic_prefix(settings.topic_prefix)
     publish_without_stampede()  # see service/keylane/kafka/patches.py
@@ -99,7 +108,9 @@ def build_app(
         consumer_group_instance_id=settings.group_instance_id,  # static membership when set
         web_enabled=False,
         autodiscover=False,
-        Table=_replicated_table(settings, replication.min_insync_replicas, max_request_bytes(catalog)),
+        Table=_replicated_table(
+            settings, replication.min_insync_replicas, max_request_bytes(catalog), offset_write_interval_s
+        ),
         topic_allow_declare=False,  # tables create their changelogs themselves, see above
         topic_disable_leader=True,  # no app.is_leader() or on_leader timers in keylane
         Monitor=CommitMonitor,  # no per-record statistics: see service/keylane/kafka/sensors.py
@@ -131,7 +142,7 @@ def changelog_record_limit(app: faust.App, catalog: Catalog) -> int:
 
 
 def _replicated_table(
-    settings: Settings, min_insync_replicas: int, max_message_bytes: int
+    settings: Settings, min_insync_replicas: int, max_message_bytes: int, offset_write_interval_s: float
 ) -> type[faust.Table[Any, Any]]:
     """Faust's Table whose changelog topic carries ``min.insync.replicas`` (a changelog write
     counts once that many replicas have it) and ``max.message.bytes`` (the producer's limit:
@@ -169,11 +180,12 @@ def _replicated_table(
             await super().on_start()
 
         def _new_store_by_url(self, url: Any) -> Any:
-            # Faust's RocksDB store, writing its persisted offsets once per loop turn
+            # Faust's RocksDB store, writing its persisted offsets in batches
             # (service/keylane/kafka/rocksdb_store.py); any other store is Faust's.
             if stores.by_url(url) is not FaustRocksDBStore:
                 return super()._new_store_by_url(url)
             return RocksDBStore(
+                offset_write_interval_s,
                 url,
                 self.app,
                 self,

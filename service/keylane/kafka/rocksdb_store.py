@@ -1,24 +1,29 @@
-"""A table's RocksDB store that writes each partition's persisted changelog offset once per
-turn of the event loop, not once per acknowledged changelog record.
+"""A table's RocksDB store that writes each partition's persisted changelog offset in batches,
+not once per acknowledged changelog record.
 
 Faust's RocksDB store puts the partition's changelog offset into its database at every ack of
 the table's changelog records (``set_persisted_offset``): one more RocksDB write per state
 write, and two more for a paged key's write (a page and a record,
-service/keylane/core/key_states.py). Only the newest offset is ever read, and the acks of one
-produce response all run in one turn of the event loop. So this store keeps the newest offset
-of each partition and writes it once, in the loop's next turn.
+service/keylane/core/key_states.py). Only the newest offset is ever read, and only the
+running process reads it before a clean stop. So this store keeps the newest offset of each
+partition and writes what it keeps once its ``offset_write_interval_s`` passed (0: in the
+loop's next turn). A worker waits ``OFFSET_WRITE_INTERVAL_S``, one write a second per
+partition at any rate: once per loop turn, the write still cost a RocksDB put for nearly
+every record at full load. The effector writes in the next turn: its stores outlive a crash
+(below).
 
 ``persisted_offset`` answers from what it keeps first, so every reader (Faust's recovery, the
 samples of service/keylane/kafka/restore_start.py) sees what it saw before. Only the database
-lags, by one turn of the loop at most, and only while the worker runs:
+lags, by the interval at most, and only while the process runs:
 
 * revoking a partition and stopping the store write what they keep first (Faust lets go of
   the databases then);
 * a worker killed before a write loses its stores anyway: the stores of a worker that did
   not stop cleanly are deleted, and restored from the changelogs alone
   (service/keylane/kafka/clean_stop.py);
-* were the database's offset behind anyway, a restore would read a few records again: the same
-  values, in the same order.
+* the effector keeps its stores after a crash, for a Done its store holds that the changelog
+  never got. A restore from an offset further back could lay that key's older claim over
+  it, so its lag stays one loop turn, as before.
 """
 
 from __future__ import annotations
@@ -29,15 +34,19 @@ from typing import Any
 from faust.stores.rocksdb import Store as FaustRocksDBStore
 from faust.types import TP
 
+OFFSET_WRITE_INTERVAL_S = 1.0
+"""How long a worker's stores keep a set offset in memory before its database gets it."""
+
 
 class RocksDBStore(FaustRocksDBStore):
-    """Faust's RocksDB store, its persisted offsets written once per loop turn (module docstring)."""
+    """Faust's RocksDB store, its persisted offsets written once a second (module docstring)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, offset_write_interval_s: float, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.offset_write_interval_s = offset_write_interval_s
         self._unwritten_offsets: dict[int, int] = {}
         """partition: the newest offset set, not in its database yet."""
-        self._write_scheduled = False
+        self._write_timer: asyncio.Handle | None = None
 
     def persisted_offset(self, tp: TP) -> int | None:
         unwritten = self._unwritten_offsets.get(tp.partition)
@@ -48,15 +57,19 @@ class RocksDBStore(FaustRocksDBStore):
 
     def set_persisted_offset(self, tp: TP, offset: int) -> None:
         self._unwritten_offsets[tp.partition] = offset
-        if self._write_scheduled:
+        if self._write_timer is not None:
             return
         try:
             loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop turn to wait for
+        except RuntimeError:  # no loop to wait on
             self.write_persisted_offsets()
             return
-        self._write_scheduled = True
-        loop.call_soon(self.write_persisted_offsets)
+        interval = self.offset_write_interval_s
+        self._write_timer = (
+            loop.call_later(interval, self.write_persisted_offsets)
+            if interval > 0
+            else loop.call_soon(self.write_persisted_offsets)
+        )
 
     def clear_persisted_offset(self, tp: TP) -> None:
         """Delete ``tp``'s persisted offset: its restore reads its changelog from the start."""
@@ -65,7 +78,9 @@ class RocksDBStore(FaustRocksDBStore):
 
     def write_persisted_offsets(self) -> None:
         """Write every kept offset to its partition's database."""
-        self._write_scheduled = False
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
         unwritten, self._unwritten_offsets = self._unwritten_offsets, {}
         for partition, offset in unwritten.items():
             self._db_for_partition(partition).put(self.offset_key, str(offset).encode())

@@ -19,6 +19,7 @@ from keylane.kafka.app import App, build_app, changelog_record_limit, readiness,
 from keylane.kafka.clean_stop import discard_stores_after_unclean_stop, mark_clean_stop
 from keylane.kafka.delivery import delivery_guard
 from keylane.kafka.group_identity import refuse_foreign_agent, worker_client_id
+from keylane.kafka.rocksdb_store import OFFSET_WRITE_INTERVAL_S
 from keylane.kafka.topic_admin import admin_client, inspect_catalog, quiet_client_logs
 from keylane.llm.errors import PROVIDER_ERRORS, RETRIABLE_ERRORS
 from keylane.llm.provider_config import parse_provider_url
@@ -85,7 +86,13 @@ def run_worker(settings: Settings, catalog: Catalog, *, agent_ref: str, config_r
     with quiet_client_logs():
         asyncio.run(verify_topics(settings, catalog))
         asyncio.run(refuse_foreign_agent(settings, agent_ref))
-    app = build_app(settings, catalog, client_id=worker_client_id(agent_ref))
+    # Its stores do not outlive a crash (_run's restore_after_crash): their offsets can wait.
+    app = build_app(
+        settings,
+        catalog,
+        client_id=worker_client_id(agent_ref),
+        offset_write_interval_s=OFFSET_WRITE_INTERVAL_S,
+    )
     runtime = KeyRuntime(
         agent,
         config,
