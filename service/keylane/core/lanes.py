@@ -385,9 +385,9 @@ class KeyLanes(_SchedulerBase):
             lane.append(item)  # the lane's task will get to it, in order
             return
         self._lanes[lane_id] = deque([item])
-        task = asyncio.create_task(self._run(lane_id))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        # The task leaves ``_tasks`` as its lane ends, not through a done callback: that
+        # would be one more turn of the event loop for nearly every record.
+        self._tasks.add(asyncio.create_task(self._run(lane_id)))
 
     async def _run(self, lane_id: tuple[int, bytes]) -> None:
         partition = lane_id[0]
@@ -396,19 +396,24 @@ class KeyLanes(_SchedulerBase):
         if slots is None:
             slots = self._partition_slots[partition] = asyncio.Semaphore(self.max_in_flight)
         lane = self._lanes[lane_id]
-        while lane:
-            slot = _Slot(slots, self._worker_slots)
-            await slot.acquire()
-            token = _current_slot.set(slot)  # the job's task copies it: see leave_slot
-            try:
-                await self._process(lane[0], label, lane_id)
-            finally:
-                _current_slot.reset(token)
-                slot.release()
-            lane.popleft()
-        del self._lanes[lane_id]
+        try:
+            while lane:
+                slot = _Slot(slots, self._worker_slots)
+                await slot.acquire()
+                token = _current_slot.set(slot)  # the job's task copies it: see leave_slot
+                try:
+                    await self._process(lane[0], label, lane_id)
+                finally:
+                    _current_slot.reset(token)
+                    slot.release()
+                lane.popleft()
+            del self._lanes[lane_id]
+        finally:
+            self._tasks.discard(asyncio.current_task())
 
     async def stop(self) -> None:
         while self._tasks:
             with contextlib.suppress(BaseException):
                 await asyncio.gather(*list(self._tasks))
+            # A task cancelled before its first step never ran the ``finally`` that removes it.
+            self._tasks = {task for task in self._tasks if not task.done()}

@@ -49,10 +49,9 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextvars import ContextVar
-from functools import partial
+from types import TracebackType
 from typing import Any, cast
 
 import faust
@@ -162,27 +161,43 @@ class DeliveryGuard:
             watchdog.start()
         return self.failure
 
-    def track(self, what: object, delivery: asyncio.Future[Any]) -> None:
+    def track(
+        self,
+        what: object,
+        delivery: asyncio.Future[Any],
+        on_confirmed: Callable[[asyncio.Future[Any]], None] | None = None,
+    ) -> None:
         """Watch one handed-off record: a failure crashes the worker even if nobody waits for
-        it, and the running unit of work (``confirming``) waits for it."""
+        it, ``on_confirmed(delivery)`` runs once Kafka confirmed it, and the running unit of
+        work (``confirming``) waits for it. One done callback does all three: each callback
+        of a future is one more turn of the event loop, on every record."""
         self.unconfirmed += 1
-        delivery.add_done_callback(lambda done: self._on_done(what, done))
         work = _work.get(None)
         if work is not None:
             work.pending.append((what, delivery))
 
-    def _on_done(self, what: object, delivery: asyncio.Future[Any]) -> None:
-        self.unconfirmed -= 1
-        error = _error_of(delivery)
-        if error is not None:
-            self.fail(what, error)
+        def settled(done: asyncio.Future[Any]) -> None:
+            self.unconfirmed -= 1
+            error = _error_of(done)
+            if error is not None:
+                self.fail(what, error)
+            elif on_confirmed is not None:
+                on_confirmed(done)
+            if work is not None:
+                work.notify()
+
+        delivery.add_done_callback(settled)
 
     async def confirm(self, pending: list[tuple[object, asyncio.Future[Any]]]) -> None:
         """Wait until Kafka confirmed every record of ``pending``; raise ProduceFailed for the
         first one it did not take (or did not confirm within ``confirm_timeout_s``)."""
         unconfirmed = [delivery for _, delivery in pending if not delivery.done()]
         if unconfirmed:
-            await _all_done(unconfirmed, self.confirm_timeout_s)
+            work = _work.get(None)
+            if work is not None:  # ``pending`` is the unit's: its records' callbacks notify it
+                await work.settled(unconfirmed, self.confirm_timeout_s)
+            else:
+                await _all_done(unconfirmed, self.confirm_timeout_s)
         for what, delivery in pending:
             if not delivery.done():
                 raise self.fail(what, TimeoutError(f"not confirmed within {self.confirm_timeout_s:.0f}s"))
@@ -231,11 +246,34 @@ class _Work:
     """One unit of work's records: handed off and awaiting confirmation (``pending``), and
     changelog records not yet handed to the producer (``unsent``)."""
 
-    __slots__ = ("pending", "unsent")
+    __slots__ = ("_waiter", "_waiting", "pending", "unsent")
 
     def __init__(self) -> None:
         self.pending: list[tuple[object, asyncio.Future[Any]]] = []
         self.unsent: list[FutureMessage] = []
+        self._waiter: asyncio.Future[None] | None = None
+        self._waiting: list[asyncio.Future[Any]] = []
+
+    async def settled(self, deliveries: list[asyncio.Future[Any]], timeout_s: float) -> None:
+        """Return once every one of ``deliveries`` (records this unit tracked) is done, or
+        after ``timeout_s``: the tracking callbacks wake it (``notify``)."""
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        self._waiting = deliveries
+        timer = loop.call_later(timeout_s, _release, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter, self._waiting = None, []
+
+    def notify(self) -> None:
+        """A record of this unit is done: wake ``settled`` once all it waits for are. Checks
+        them all rather than counting: a record already done when the wait began may run
+        its callback after."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and all(d.done() for d in self._waiting):
+            waiter.set_result(None)
 
     async def hand_off_unsent(self) -> None:
         """Hand the unit's changelog records to the producer, in the order they were written."""
@@ -269,21 +307,41 @@ def delivery_guard(app: faust.App) -> DeliveryGuard:
     return guard
 
 
-@asynccontextmanager
-async def confirming(app: faust.App) -> AsyncIterator[None]:
+def confirming(app: faust.App) -> _Confirming:
     """A unit of work: on a normal exit, wait until Kafka confirmed every record handed to the
     producer inside the block (raises ProduceFailed otherwise). A block left by an exception
     does not wait; what it produced is still watched, and a failure still crashes the worker."""
-    guard = delivery_guard(app)
-    work = _Work()
-    token = _work.set(work)
-    try:
-        yield
-        await work.hand_off_unsent()
-        await guard.confirm(work.pending)
-    finally:
-        work.buffer_unsent(app)
-        _work.reset(token)
+    return _Confirming(app)
+
+
+class _Confirming:
+    """``confirming``'s block. A class, not an ``asynccontextmanager``: every input record runs
+    in one, and the generator's machinery cost more than what the block does around it."""
+
+    __slots__ = ("_app", "_guard", "_token", "_work")
+
+    def __init__(self, app: faust.App) -> None:
+        self._app = app
+
+    async def __aenter__(self) -> None:
+        self._guard = delivery_guard(self._app)
+        self._work = _Work()
+        self._token = _work.set(self._work)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        work = self._work
+        try:
+            if exc_type is None:
+                await work.hand_off_unsent()
+                await self._guard.confirm(work.pending)
+        finally:
+            work.buffer_unsent(self._app)
+            _work.reset(self._token)
 
 
 async def confirm_handed_off(app: faust.App) -> None:
@@ -374,7 +432,7 @@ class ConfirmedTopic(faust.Topic):
             delivery = await self._hand_off(name, **send)
         except Exception as exc:  # a refused hand-off is as final as a failed delivery
             raise guard.fail(what, exc) from exc
-        guard.track(what, delivery)
+        guard.track(what, delivery, send.get("callback"))
         return delivery
 
     async def _hand_off(
@@ -386,25 +444,17 @@ class ConfirmedTopic(faust.Topic):
         partition: int | None = None,
         timestamp: float | None = None,
         headers: HeadersArg = None,
-        callback: MessageSentCallback | None = None,
-        **_: Any,  # the codec arguments, None: send_sized checked
+        **_: Any,  # the codec arguments, None: send_sized checked; the callback: track's
     ) -> asyncio.Future[Any]:
         """The record straight to Faust's producer (aiokafka's send), without the
         FutureMessage, sensors and callback chain of ``Topic.send``, which cost more than
         the send itself: the topic's codecs pass bytes through, and the delivery is tracked
-        here anyway. ``callback`` gets the delivery once Kafka confirmed it, as Faust's would.
-        Never a Faust "attachment" either: those wait for the commit that waits for us."""
+        here anyway (``send``'s ``callback`` gets the delivery once Kafka confirmed it, as
+        Faust's would: ``DeliveryGuard.track``). Never a Faust "attachment" either: those
+        wait for the commit that waits for us."""
         producer = await self._get_producer()
         sent = await producer.send(name, key, value, partition, timestamp, headers)
-        delivery = cast(asyncio.Future[Any], sent)
-        if callback is not None:
-            delivery.add_done_callback(partial(_confirmed, callback))
-        return delivery
-
-
-def _confirmed(callback: MessageSentCallback, delivery: asyncio.Future[Any]) -> None:
-    if _error_of(delivery) is None:
-        callback(delivery)  # type: ignore[arg-type]  # Faust passes its FutureMessage; ours ignore it
+        return cast(asyncio.Future[Any], sent)
 
 
 def track_changelog(table: Any) -> None:

@@ -329,3 +329,23 @@ async def test_a_job_that_keeps_its_slot_holds_back_other_keys() -> None:
     release.set()
     await lanes.stop()
     assert started == ["a", "b"]
+
+
+async def test_lane_tasks_leave_the_scheduler_as_their_lanes_end_and_stop_returns() -> None:
+    """A lane's task removes itself when its lane ends (no done callback); one cancelled
+    before its first step never runs that code, and ``stop`` must still return."""
+    lanes = KeyLanes(max_in_flight=4, worker_max_in_flight=4)
+    trace = Trace()
+    for offset, key in enumerate((b"a", b"b", b"a")):
+        work, ack = trace.job(key, offset, ticks=2)
+        await lanes.submit(LaneRecord(TOPIC, 0, offset, key), work, ack)  # type: ignore[arg-type]
+    assert len(lanes._tasks) == 2, "one task per lane"
+    await asyncio.wait_for(lanes.stop(), 5)
+    assert (sorted(trace.acked), lanes._tasks) == ([0, 1, 2], set())
+
+    work, ack = trace.job(b"c", 3, ticks=1)
+    await lanes.submit(LaneRecord(TOPIC, 0, 3, b"c"), work, ack)  # type: ignore[arg-type]
+    (never_started,) = lanes._tasks
+    never_started.cancel()  # before the loop ran its first step
+    await asyncio.wait_for(lanes.stop(), 5)
+    assert lanes._tasks == set()

@@ -122,6 +122,31 @@ async def test_the_unit_of_work_waits_for_every_delivery_in_any_order(
     await asyncio.wait_for(running, 5)
 
 
+async def test_a_delivery_done_as_the_wait_begins_does_not_end_it_early(
+    app: faust.App, catalog: Catalog
+) -> None:
+    """The unit's wait is woken by its records' own callbacks: one whose record was done
+    before the wait began, its callback not run yet, must not end a wait for another."""
+    topic = raw_topic(app, catalog.name(OUTPUT))
+    producer = recorded(topic)
+    waiting = asyncio.Event()
+
+    async def job() -> None:
+        async with confirming(app):
+            await topic.send(key=b"a", value=b"v")
+            await topic.send(key=b"b", value=b"v")
+            producer.deliveries[0].set_result(None)  # done now; its callback runs next turn
+            waiting.set()
+
+    running = asyncio.ensure_future(job())
+    await waiting.wait()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not running.done(), "the second record is not confirmed yet"
+    producer.deliveries[1].set_result(None)
+    await asyncio.wait_for(running, 5)
+
+
 async def test_a_delivery_never_confirmed_fails_the_unit_after_the_confirm_timeout(
     app: faust.App, catalog: Catalog
 ) -> None:
