@@ -51,6 +51,7 @@ import os
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextvars import ContextVar
+from functools import partial
 from types import TracebackType
 from typing import Any, cast
 
@@ -165,12 +166,13 @@ class DeliveryGuard:
         self,
         what: object,
         delivery: asyncio.Future[Any],
-        on_confirmed: Callable[[asyncio.Future[Any]], None] | None = None,
+        on_done: Callable[[asyncio.Future[Any], BaseException | None], None] | None = None,
     ) -> None:
-        """Watch one handed-off record: a failure crashes the worker even if nobody waits for
-        it, ``on_confirmed(delivery)`` runs once Kafka confirmed it, and the running unit of
-        work (``confirming``) waits for it. One done callback does all three: each callback
-        of a future is one more turn of the event loop, on every record."""
+        """Watch one handed-off record: ``on_done(delivery, error)`` runs once Kafka confirmed
+        it (error None) or did not take it, a failure crashes the worker even if nobody waits
+        for it, and the running unit of work (``confirming``) waits for it. One done callback
+        does all three: each callback of a future is one more turn of the event loop, on
+        every record."""
         self.unconfirmed += 1
         work = _work.get(None)
         if work is not None:
@@ -179,10 +181,13 @@ class DeliveryGuard:
         def settled(done: asyncio.Future[Any]) -> None:
             self.unconfirmed -= 1
             error = _error_of(done)
+            if on_done is not None:
+                try:
+                    on_done(done, error)
+                except Exception:  # a callback's bug must not stop the watch or the unit's wait
+                    log.exception("the delivery callback of %s failed", what)
             if error is not None:
                 self.fail(what, error)
-            elif on_confirmed is not None:
-                on_confirmed(done)
             if work is not None:
                 work.notify()
 
@@ -244,13 +249,14 @@ def _error_of(delivery: asyncio.Future[Any]) -> BaseException | None:
 
 class _Work:
     """One unit of work's records: handed off and awaiting confirmation (``pending``), and
-    changelog records not yet handed to the producer (``unsent``)."""
+    changelog records not yet handed to the producer (``unsent``, each with what it is)."""
 
-    __slots__ = ("_waiter", "_waiting", "pending", "unsent")
+    __slots__ = ("_waiter", "_waiting", "guard", "pending", "unsent")
 
-    def __init__(self) -> None:
+    def __init__(self, guard: DeliveryGuard) -> None:
+        self.guard = guard
         self.pending: list[tuple[object, asyncio.Future[Any]]] = []
-        self.unsent: list[FutureMessage] = []
+        self.unsent: list[tuple[FutureMessage, Sent]] = []
         self._waiter: asyncio.Future[None] | None = None
         self._waiting: list[asyncio.Future[Any]] = []
 
@@ -276,23 +282,63 @@ class _Work:
             waiter.set_result(None)
 
     async def hand_off_unsent(self) -> None:
-        """Hand the unit's changelog records to the producer, in the order they were written."""
+        """Hand the unit's changelog records to the producer, in the order they were written,
+        and track each (``_hand_off_changelog``)."""
         unsent = self.unsent
         while unsent:
-            message = unsent.pop(0)
+            message, what = unsent.pop(0)
             try:
-                await message.message.channel.publish_message(message, wait=False)
-            except Exception as exc:  # refused: its delivery fails, which crashes the worker
+                delivery = await _hand_off_changelog(message)
+            except Exception as exc:  # refused: as final as a failed delivery; crashes the worker
                 if not message.done():
                     message.set_exception(exc)
+                self.guard.track(what, message)
                 raise
+            self.guard.track(what, delivery, partial(_changelog_done, message))
 
     def buffer_unsent(self, app: faust.App) -> None:
         """Leave the records not handed off to Faust's producer buffer (a unit left by an
-        exception): the table already holds what they carry."""
-        for message in self.unsent:
+        exception), tracked: the table already holds what they carry."""
+        for message, what in self.unsent:
             app.producer.send_soon(message)
+            self.guard.track(what, message)
         self.unsent.clear()
+
+
+async def _hand_off_changelog(message: FutureMessage) -> asyncio.Future[Any]:
+    """A changelog record straight to the producer: what Faust's ``publish_message`` does
+    for it, without the send sensors (no keylane sensor acts on them,
+    service/keylane/kafka/sensors.py) and without a callback of its own on the delivery: the
+    tracking callback resolves the FutureMessage (``_changelog_done``), where Faust's
+    callback would take one more turn of the loop."""
+    pending = message.message
+    topic = pending.channel
+    producer = await topic._get_producer()  # type: ignore[attr-defined]  # a Topic's
+    sent = await producer.send(
+        topic.get_topic_name(),
+        pending.key,
+        pending.value,
+        pending.partition,
+        pending.timestamp,
+        pending.headers,
+    )
+    return cast(asyncio.Future[Any], sent)
+
+
+def _changelog_done(
+    message: FutureMessage, delivery: asyncio.Future[Any], error: BaseException | None
+) -> None:
+    """Resolve a changelog record's FutureMessage from its delivery, then run its callback
+    (the table's ``_on_changelog_sent``, which keeps the persisted offset), as Faust's
+    ``Topic._on_published`` does."""
+    if error is not None:
+        if not message.done():
+            message.set_exception(error)
+        return
+    message.set_result(delivery.result())
+    callback = message.message.callback
+    if callback is not None:
+        callback(message)
 
 
 _work: ContextVar[_Work | None] = ContextVar("keylane_deliveries")
@@ -325,7 +371,7 @@ class _Confirming:
 
     async def __aenter__(self) -> None:
         self._guard = delivery_guard(self._app)
-        self._work = _Work()
+        self._work = _Work(self._guard)
         self._token = _work.set(self._work)
 
     async def __aexit__(
@@ -432,7 +478,8 @@ class ConfirmedTopic(faust.Topic):
             delivery = await self._hand_off(name, **send)
         except Exception as exc:  # a refused hand-off is as final as a failed delivery
             raise guard.fail(what, exc) from exc
-        guard.track(what, delivery, send.get("callback"))
+        callback = send.get("callback")
+        guard.track(what, delivery, None if callback is None else partial(_confirmed, callback))
         return delivery
 
     async def _hand_off(
@@ -457,6 +504,13 @@ class ConfirmedTopic(faust.Topic):
         return cast(asyncio.Future[Any], sent)
 
 
+def _confirmed(
+    callback: MessageSentCallback, delivery: asyncio.Future[Any], error: BaseException | None
+) -> None:
+    if error is None:
+        callback(delivery)  # type: ignore[arg-type]  # Faust passes its FutureMessage; ours ignore it
+
+
 def track_changelog(table: Any) -> None:
     """Make ``table``'s changelog records count as produced records of the running unit of
     work, handed to the producer by the unit itself (see the module docstring). Wraps the
@@ -471,12 +525,15 @@ def track_changelog(table: Any) -> None:
         key_serializer: CodecArg = None,
         value_serializer: CodecArg = None,
     ) -> FutureMessage:
+        size = len(value) if isinstance(value, bytes) else 0
+        what = Sent("a changelog record of table {} (partition {}, {} bytes)", table.name, partition, size)
         work = _work.get(None)
         if work is None:
             future: FutureMessage = send_changelog(
                 partition, key, value, key_serializer=key_serializer, value_serializer=value_serializer
             )
-        else:  # Faust's send_changelog without its buffer: the unit hands it off
+            guard.track(what, future)
+        else:  # Faust's send_changelog without its buffer: the unit hands it off, and tracks it
             future = table.changelog_topic.as_future_message(
                 key=key,
                 value=value,
@@ -486,12 +543,7 @@ def track_changelog(table: Any) -> None:
                 callback=table._on_changelog_sent,  # read per call: RestoreStart wraps it
                 eager_partitioning=True,
             )
-            work.unsent.append(future)
-        size = len(value) if isinstance(value, bytes) else 0
-        guard.track(
-            Sent("a changelog record of table {} (partition {}, {} bytes)", table.name, partition, size),
-            future,
-        )
+            work.unsent.append((future, what))
         return future
 
     table.send_changelog = send_tracked

@@ -4,8 +4,8 @@ Faust's producer buffer when the unit fails, and sent by the buffer outside any 
 changelog record Kafka refused fails its unit of work and crashes the app.
 
 Runs on a real Faust app and table, with the hand-offs to the producer (the changelog
-topic's publish, the output topic's producer) and the producer buffer recorded instead of
-reaching a broker."""
+topic's and the output topic's) and the producer buffer recorded instead of reaching a
+broker."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from typing import Any
 
 import faust
 import pytest
+from aiokafka.structs import RecordMetadata
+from faust.types import TP
 
 from keylane.catalog import OUTPUT, load_catalog
 from keylane.config import Settings
@@ -28,25 +30,19 @@ class Handoffs:
 
     def __init__(self, app: faust.App) -> None:
         self.published: list[tuple[str, bytes]] = []
-        self.messages: list[Any] = []
+        self.messages: list[asyncio.Future[Any]] = []
+        self.partitions: list[int | None] = []
         self.buffered: list[Any] = []
         app.producer.send_soon = self.buffered.append  # type: ignore[method-assign,assignment]
 
     def watch(self, topic: Any) -> None:
-        async def publish_message(fut: Any, wait: bool = False) -> Any:
-            self.published.append((topic.get_topic_name(), fut.message.value))
-            self.messages.append(fut)
-            return fut
-
-        topic.publish_message = publish_message
-
-    def watch_producer(self, topic: Any) -> None:
-        """A ConfirmedTopic hands its records straight to the producer."""
+        """Records handed to ``topic``'s producer (a ConfirmedTopic's, or a changelog's)."""
         handoffs = self
 
         class Producer:
-            async def send(self, name: str, key: Any, value: Any, *rest: Any) -> Any:
+            async def send(self, name: str, key: Any, value: Any, partition: int | None, *rest: Any) -> Any:
                 handoffs.published.append((name, value))
+                handoffs.partitions.append(partition)
                 delivery = asyncio.get_running_loop().create_future()
                 handoffs.messages.append(delivery)
                 return delivery
@@ -59,10 +55,13 @@ class Handoffs:
         topic._get_producer = get_producer
 
     async def confirmed(self, running: asyncio.Future[None]) -> None:
-        """Kafka confirms every record handed off; ``running`` ends."""
-        for fut in self.messages:
+        """Kafka confirms every record handed off, at offsets 100, 101, ...; ``running`` ends."""
+        for offset, (fut, (name, _), partition) in enumerate(
+            zip(self.messages, self.published, self.partitions, strict=True), start=100
+        ):
             if not fut.done():
-                fut.set_result(None)
+                tp = TP(name, partition if partition is not None else 0)
+                fut.set_result(RecordMetadata(name, tp.partition, tp, offset, -1, 0, 0))
         await asyncio.wait_for(running, 5)
 
 
@@ -103,7 +102,7 @@ async def test_the_state_leaves_before_the_records_that_follow_from_it(
     app: faust.App, table: Any, handoffs: Handoffs
 ) -> None:
     output = raw_topic(app, load_catalog(prefix="p.").name(OUTPUT))
-    handoffs.watch_producer(output)
+    handoffs.watch(output)
 
     async def job() -> None:
         async with confirming(app):
@@ -131,6 +130,8 @@ async def test_a_job_that_only_writes_state_hands_it_off_before_it_waits(
     running = await started(job)
     assert [value for _, value in handoffs.published] == [b"one", b"two"], "in the order written"
     await handoffs.confirmed(running)
+    changelog = TP(table.changelog_topic.get_topic_name(), 3)
+    assert table.data.persisted_offset(changelog) == 101, "the table's callback keeps the offset"
 
 
 async def test_the_effectors_flush_hands_off_the_state_first(
@@ -220,10 +221,14 @@ async def test_a_changelog_record_the_producer_refuses_to_take_fails_its_unit_of
 
     app.crash = crash  # type: ignore[method-assign]
 
-    async def refuse(fut: Any, wait: bool = False) -> Any:
-        raise RuntimeError("the producer is closed")
+    class ClosedProducer:
+        async def send(self, *args: Any) -> Any:
+            raise RuntimeError("the producer is closed")
 
-    table.changelog_topic.publish_message = refuse
+    async def get_producer() -> Any:
+        return ClosedProducer()
+
+    table.changelog_topic._get_producer = get_producer
 
     async def job() -> None:
         async with confirming(app):
