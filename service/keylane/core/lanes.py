@@ -40,7 +40,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from keylane import metrics
 
@@ -238,7 +238,10 @@ class _SchedulerBase:
     failure: BaseException | None = None
     _abandoning: bool = False
     _abandoned: int = 0
-    _running: set[asyncio.Task[None]]
+    _running: set[asyncio.Task[Any]]
+    """The lane tasks running a record's work now (it runs in the lane's own task)."""
+    _revoking: dict[asyncio.Task[Any], asyncio.Future[None]]
+    """The lane tasks ``revoke`` waits for, each with what ends its wait."""
 
     async def revoke(self, grace_s: float) -> int:
         """Stop starting records, give the running ones ``grace_s`` to finish, cancel the rest.
@@ -246,16 +249,25 @@ class _SchedulerBase:
         Every record that did not finish is released instead of acked, in offset order, so
         its offset is never committed and the partition's next owner runs it. Records
         submitted while this runs are released too; call ``resume`` once the revocation is
-        over."""
+        over.
+
+        A record's work runs in its lane's task, not a task of its own (one task less per
+        record): cancelling a late one cancels that lane task, which takes that cancellation
+        as the end of the record (``_process``) and goes on releasing the rest."""
         self._abandoning = True
         self._abandoned = 0
-        running = set(self._running)
-        if running:
-            _, late = await asyncio.wait(running, timeout=grace_s)
+        loop = asyncio.get_running_loop()
+        ends = {task: loop.create_future() for task in self._running}
+        self._revoking.update(ends)
+        if ends:
+            await asyncio.wait(ends.values(), timeout=grace_s)
+            # Checked now, with no wait since: a task still running its record is inside the
+            # work, so the cancellation reaches it there.
+            late = [task for task in ends if task in self._running]
             for task in late:
                 task.cancel()
             if late:
-                await asyncio.wait(late)
+                await asyncio.wait([ends[task] for task in late])
                 log.warning("revoked: cancelled %s activations still running after %ss", len(late), grace_s)
         for window in list(self._flow.windows.values()):
             await window.empty.wait()  # lane tasks release what they hold, without running it
@@ -271,18 +283,23 @@ class _SchedulerBase:
         ticket, work, window, queued_at = item
         finished = False
         if not self._abandoning:
-            task = asyncio.ensure_future(self.execute(work, queued_at, label, lane=lane))
+            task = asyncio.current_task()
+            assert task is not None  # a lane runs in a task of its own
             self._running.add(task)
             try:
-                await task
+                await self.execute(work, queued_at, label, lane=lane)
                 finished = True
             except Superseded:
                 pass  # released unfinished: the partition's next owner runs it
             except asyncio.CancelledError:
-                if not (task.cancelled() and self._abandoning):
+                if not (self._abandoning and task in self._revoking):
                     raise  # the lane itself is being cancelled
+                task.uncancel()  # revoke's cancellation of this record: the lane goes on
             finally:
                 self._running.discard(task)
+                end = self._revoking.pop(task, None)
+                if end is not None:
+                    end.set_result(None)
         else:
             metrics.child(metrics.LANE_QUEUE_DEPTH, label).dec()
         if not finished:
@@ -325,6 +342,7 @@ class PartitionLanes(_SchedulerBase):
         self._queues: dict[int, asyncio.Queue[Item | None]] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._running = set()
+        self._revoking = {}
 
     async def submit(self, record: LaneRecord, work: Job, ack: Job, release: Job | None = None) -> None:
         self.check()
@@ -373,6 +391,7 @@ class KeyLanes(_SchedulerBase):
         self._lanes: dict[tuple[int, bytes], deque[Item]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._running = set()
+        self._revoking = {}
 
     async def submit(self, record: LaneRecord, work: Job, ack: Job, release: Job | None = None) -> None:
         self.check()
@@ -400,7 +419,7 @@ class KeyLanes(_SchedulerBase):
             while lane:
                 slot = _Slot(slots, self._worker_slots)
                 await slot.acquire()
-                token = _current_slot.set(slot)  # the job's task copies it: see leave_slot
+                token = _current_slot.set(slot)  # the job runs in this task: see leave_slot
                 try:
                     await self._process(lane[0], label, lane_id)
                 finally:

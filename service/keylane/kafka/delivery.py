@@ -278,8 +278,12 @@ class _Work:
         them all rather than counting: a record already done when the wait began may run
         its callback after."""
         waiter = self._waiter
-        if waiter is not None and not waiter.done() and all(d.done() for d in self._waiting):
-            waiter.set_result(None)
+        if waiter is None or waiter.done():
+            return
+        for delivery in self._waiting:
+            if not delivery.done():
+                return
+        waiter.set_result(None)
 
     async def hand_off_unsent(self) -> None:
         """Hand the unit's changelog records to the producer, in the order they were written,

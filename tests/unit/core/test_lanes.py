@@ -349,3 +349,48 @@ async def test_lane_tasks_leave_the_scheduler_as_their_lanes_end_and_stop_return
     never_started.cancel()  # before the loop ran its first step
     await asyncio.wait_for(lanes.stop(), 5)
     assert lanes._tasks == set()
+
+
+async def test_a_record_revoke_cancels_ends_alone_and_its_lane_releases_the_rest() -> None:
+    """A record's work runs in its lane's task: revoke's cancellation of a late record ends
+    that record (released), not the lane, whose next record is released too; a later record
+    of the same key runs after resume(). A cancellation that is not revoke's still ends the
+    lane (stop, shutdown)."""
+    lanes = KeyLanes(max_in_flight=4, worker_max_in_flight=4)
+    settled: list[tuple[str, int]] = []
+    cleaned_up: list[int] = []
+
+    async def forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned_up.append(0)  # the work sees the cancellation, as in a task of its own
+
+    def settle(kind: str, offset: int) -> Callable[[], Awaitable[None]]:
+        async def record() -> None:
+            settled.append((kind, offset))
+
+        return record
+
+    async def quick() -> None:
+        await asyncio.sleep(0)
+
+    await lanes.submit(LaneRecord(TOPIC, 0, 0, b"k"), forever, settle("ack", 0), settle("release", 0))
+    await lanes.submit(LaneRecord(TOPIC, 0, 1, b"k"), quick, settle("ack", 1), settle("release", 1))
+    await asyncio.sleep(0.01)
+    (lane_task,) = lanes._tasks
+    assert await asyncio.wait_for(lanes.revoke(grace_s=0.05), 5) == 2
+    assert (settled, cleaned_up) == ([("release", 0), ("release", 1)], [0])
+    await asyncio.sleep(0)
+    assert lane_task.done() and not lane_task.cancelled(), "the lane ended on its own"
+    assert lane_task.cancelling() == 0, "revoke's cancellation was taken back"
+
+    lanes.resume()
+    await lanes.submit(LaneRecord(TOPIC, 0, 2, b"k"), quick, settle("ack", 2), settle("release", 2))
+    await lanes.submit(LaneRecord(TOPIC, 0, 3, b"j"), forever, settle("ack", 3), settle("release", 3))
+    await asyncio.sleep(0.01)
+    assert settled[-1] == ("ack", 2)
+    (other,) = lanes._tasks
+    other.cancel()  # not revoke's
+    with pytest.raises(asyncio.CancelledError):
+        await other
