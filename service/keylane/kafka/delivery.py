@@ -193,47 +193,6 @@ class DeliveryGuard:
 
         delivery.add_done_callback(settled)
 
-    async def confirm(self, pending: list[tuple[object, asyncio.Future[Any]]]) -> None:
-        """Wait until Kafka confirmed every record of ``pending``; raise ProduceFailed for the
-        first one it did not take (or did not confirm within ``confirm_timeout_s``)."""
-        unconfirmed = [delivery for _, delivery in pending if not delivery.done()]
-        if unconfirmed:
-            work = _work.get(None)
-            if work is not None:  # ``pending`` is the unit's: its records' callbacks notify it
-                await work.settled(unconfirmed, self.confirm_timeout_s)
-            else:
-                await _all_done(unconfirmed, self.confirm_timeout_s)
-        for what, delivery in pending:
-            if not delivery.done():
-                raise self.fail(what, TimeoutError(f"not confirmed within {self.confirm_timeout_s:.0f}s"))
-            error = _error_of(delivery)
-            if error is not None:
-                raise self.fail(what, error) from error
-
-
-async def _all_done(futures: list[asyncio.Future[Any]], timeout_s: float) -> None:
-    """Return once every one of ``futures`` is done, or after ``timeout_s``: asyncio.wait's
-    ALL_COMPLETED, without the set and the per-future bookkeeping it builds, on every record."""
-    loop = asyncio.get_running_loop()
-    all_done: asyncio.Future[None] = loop.create_future()
-    left = len(futures)
-
-    def one_done(_: asyncio.Future[Any]) -> None:
-        nonlocal left
-        left -= 1
-        if left == 0 and not all_done.done():
-            all_done.set_result(None)
-
-    for future in futures:
-        future.add_done_callback(one_done)
-    timer = loop.call_later(timeout_s, _release, all_done)
-    try:
-        await all_done
-    finally:
-        timer.cancel()
-        for future in futures:
-            future.remove_done_callback(one_done)
-
 
 def _release(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
@@ -260,9 +219,24 @@ class _Work:
         self._waiter: asyncio.Future[None] | None = None
         self._waiting: list[asyncio.Future[Any]] = []
 
-    async def settled(self, deliveries: list[asyncio.Future[Any]], timeout_s: float) -> None:
-        """Return once every one of ``deliveries`` (records this unit tracked) is done, or
-        after ``timeout_s``: the tracking callbacks wake it (``notify``)."""
+    async def confirm(self, pending: list[tuple[object, asyncio.Future[Any]]]) -> None:
+        """Wait until Kafka confirmed every record of ``pending`` (records this unit tracked);
+        raise ProduceFailed for the first one it did not take (or did not confirm within the
+        guard's ``confirm_timeout_s``)."""
+        guard = self.guard
+        unconfirmed = [delivery for _, delivery in pending if not delivery.done()]
+        if unconfirmed:
+            await self._settled(unconfirmed, guard.confirm_timeout_s)
+        for what, delivery in pending:
+            if not delivery.done():
+                raise guard.fail(what, TimeoutError(f"not confirmed within {guard.confirm_timeout_s:.0f}s"))
+            error = _error_of(delivery)
+            if error is not None:
+                raise guard.fail(what, error) from error
+
+    async def _settled(self, deliveries: list[asyncio.Future[Any]], timeout_s: float) -> None:
+        """Return once every one of ``deliveries`` is done, or after ``timeout_s``: their
+        tracking callbacks wake it (``notify``)."""
         loop = asyncio.get_running_loop()
         self._waiter = waiter = loop.create_future()
         self._waiting = deliveries
@@ -274,7 +248,7 @@ class _Work:
             self._waiter, self._waiting = None, []
 
     def notify(self) -> None:
-        """A record of this unit is done: wake ``settled`` once all it waits for are. Checks
+        """A record of this unit is done: wake ``_settled`` once all it waits for are. Checks
         them all rather than counting: a record already done when the wait began may run
         its callback after."""
         waiter = self._waiter
@@ -368,14 +342,13 @@ class _Confirming:
     """``confirming``'s block. A class, not an ``asynccontextmanager``: every input record runs
     in one, and the generator's machinery cost more than what the block does around it."""
 
-    __slots__ = ("_app", "_guard", "_token", "_work")
+    __slots__ = ("_app", "_token", "_work")
 
     def __init__(self, app: faust.App) -> None:
         self._app = app
 
     async def __aenter__(self) -> None:
-        self._guard = delivery_guard(self._app)
-        self._work = _Work(self._guard)
+        self._work = _Work(delivery_guard(self._app))
         self._token = _work.set(self._work)
 
     async def __aexit__(
@@ -388,13 +361,13 @@ class _Confirming:
         try:
             if exc_type is None:
                 await work.hand_off_unsent()
-                await self._guard.confirm(work.pending)
+                await work.confirm(work.pending)
         finally:
             work.buffer_unsent(self._app)
             _work.reset(self._token)
 
 
-async def confirm_handed_off(app: faust.App) -> None:
+async def confirm_handed_off() -> None:
     """Inside ``confirming``: wait now for what the block produced so far (the effector
     makes its claim durable this way before it runs a tool)."""
     work = _work.get(None)
@@ -402,7 +375,7 @@ async def confirm_handed_off(app: faust.App) -> None:
         await work.hand_off_unsent()
         handed_off = list(work.pending)
         work.pending.clear()
-        await delivery_guard(app).confirm(handed_off)
+        await work.confirm(handed_off)
 
 
 async def hand_off_changelog() -> None:

@@ -39,7 +39,8 @@ OFFSET_WRITE_INTERVAL_S = 1.0
 
 
 class RocksDBStore(FaustRocksDBStore):
-    """Faust's RocksDB store, its persisted offsets written once a second (module docstring)."""
+    """Faust's RocksDB store, its persisted offsets written once per ``offset_write_interval_s``
+    (module docstring)."""
 
     def __init__(self, offset_write_interval_s: float, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

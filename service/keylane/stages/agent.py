@@ -224,7 +224,7 @@ class AgentProcessor:
         state_confirmed = False
         for emit in apply_decision(self.states, self.timers, key, decision):
             if not state_confirmed and emit.topic in ANSWERED_ON_INPUTS:
-                await confirm_handed_off(self.app)  # step 5: the waiting state first
+                await confirm_handed_off()  # step 5: the waiting state first
                 # A wait for Kafka is where a stopped process resumes: a worker that lost the
                 # partition meanwhile leaves the request to the owner, which runs it again.
                 self._check_still_owner(record, started, "unsent")

@@ -141,7 +141,7 @@ async def test_the_effectors_flush_hands_off_the_state_first(
     async def job() -> None:
         async with confirming(app):
             write(table, b"claim")
-            await confirm_handed_off(app)
+            await confirm_handed_off()
 
     running = await started(job)
     assert handoffs.published == [(table.changelog_topic.get_topic_name(), b"claim")]

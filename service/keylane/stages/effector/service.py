@@ -122,7 +122,7 @@ class FaustEffectorIO(EffectorIO):
         """Flush, then wait for Kafka to confirm what this intent produced so far: its claim
         is durable before the tool runs, and a refused claim stops the effector first."""
         await self._app.producer.flush()
-        await confirm_handed_off(self._app)
+        await confirm_handed_off()
 
 
 class Effector:
