@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import selectors
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from bench import names
 from bench.harness import REPETITIONS, SPREAD_LIMIT, Recorder, Result, load_results, spread
 from bench.report import unstable_figures, write_report
-from bench.runtime import bench_noop, bench_state_commit, repeated
+from bench.runtime import bench_noop, bench_state_commit, microsecond_timers, repeated
 from bench.targets import e2e_to_peer
 
 
@@ -83,3 +85,22 @@ def test_runtime_figures_carry_their_repetitions_into_the_report(tmp_path: Path)
     write_report(results, size="quick", elapsed_s=1.0, out_dir=tmp_path / "out", path=report)
     row = next(line for line in report.read_text().splitlines() if line.startswith(f"| {names.NOOP_1KEY} |"))
     assert f"({reps} runs)" in row
+
+
+def test_the_timer_tiers_run_on_their_own_loop_whose_selector_takes_microseconds() -> None:
+    """epoll's whole-millisecond timeouts make the tiers' figure a sawtooth of the burst's
+    length (bench/runtime.py); select(2) takes its timeout in microseconds."""
+
+    async def probe() -> tuple[type, int]:
+        selector = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
+        return type(selector), threading.get_ident()
+
+    selector, thread = asyncio.run(microsecond_timers(probe))
+    assert selector is selectors.SelectSelector
+    assert thread != threading.get_ident()
+
+    async def fails() -> None:
+        raise ValueError("from the tier")
+
+    with pytest.raises(ValueError, match="from the tier"):
+        asyncio.run(microsecond_timers(fails))
