@@ -51,7 +51,8 @@ def make_provider() -> FakeLLM:
         [
             (match_contains("refund"), respond_with(b"We have started your refund.", latency_ms=50)),
             (match_any(), respond_with(b"Thanks for writing, we are on it.", latency_ms=50)),
-        ]
+        ],
+        keep_requests=False,  # the compose and Kubernetes workers run this for as long as they run
     )
 
 

@@ -77,7 +77,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def make_provider() -> FakeLLM:
-    return FakeLLM([(match_any(), respond_with(b"done", latency_ms=2))])
+    return FakeLLM([(match_any(), respond_with(b"done", latency_ms=2))], keep_requests=False)
 
 
 # Each shard's worker: 20 provider calls/s for its key, 50/s for the worker. A hot shard would

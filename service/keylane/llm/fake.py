@@ -101,23 +101,33 @@ class FakeLLM:
     """A Provider answering from ``rules``: ``FakeLLM([(match_any(), respond_with(b"ok"))])``.
 
     ``call_count`` counts requests that reached the fake (replay-cache hits never do);
-    ``requests`` keeps them in order. ``model`` is the model a request without a
-    ``model_id`` is counted under in the metrics.
+    ``requests`` keeps them in order, unless ``keep_requests`` is False: a service configured
+    with ``KEYLANE_PROVIDER=fake://`` runs as long as a real one, and would hold every request
+    it ever answered. ``model`` is the model a request without a ``model_id`` is counted
+    under in the metrics.
     """
 
     name = "fake"
 
-    def __init__(self, rules: Sequence[tuple[Matcher, Responder]], *, model: str = "") -> None:
+    def __init__(
+        self, rules: Sequence[tuple[Matcher, Responder]], *, model: str = "", keep_requests: bool = True
+    ) -> None:
         self._rules = [_Rule(matcher, responder) for matcher, responder in rules]
         self.requests: list[LlmRequest] = []
         self.model = model
+        self._keep_requests = keep_requests
+        self._calls = 0
 
     @property
     def call_count(self) -> int:
-        return len(self.requests)
+        # len(requests) while they are kept: a subclass's own complete() appends to them.
+        return len(self.requests) if self._keep_requests else self._calls
 
     async def complete(self, request: LlmRequest) -> LlmResponse:
-        self.requests.append(request)
+        if self._keep_requests:
+            self.requests.append(request)
+        else:
+            self._calls += 1
         for rule in self._rules:
             if rule.matcher(request):
                 attempt = rule.calls

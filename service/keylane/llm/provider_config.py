@@ -117,6 +117,7 @@ class ProviderSettings:
             inner = FakeLLM(
                 [(match_any(), respond_with(self.reply.encode(), latency_ms=self.latency_ms))],
                 model=self.model,
+                keep_requests=False,
             )
         return ResilientProvider(
             inner,

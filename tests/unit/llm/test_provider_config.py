@@ -82,6 +82,16 @@ async def test_fake_answers_every_request_with_its_reply() -> None:
     assert parse_provider_url("fake://", {}).reply == "ok"
 
 
+async def test_a_configured_fake_counts_its_requests_and_keeps_none() -> None:
+    """It serves a running service: keeping every request would grow without bound."""
+    provider = parse_provider_url("fake://?reply=ok", {}).build()
+    assert isinstance(provider, ResilientProvider) and isinstance(provider.inner, FakeLLM)
+    for n in range(3):
+        await provider.complete(LlmRequest(model_id="any", messages=[f"call {n}"]))
+    assert provider.inner.call_count == 3
+    assert provider.inner.requests == []
+
+
 def test_api_key_file_is_read_and_stripped(tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("  sk-from-file\n")
