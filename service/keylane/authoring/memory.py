@@ -1,6 +1,9 @@
 """The Memory facade: a key's working memory as an agent sees it during one activation.
 
-Writes are staged on a copy; the runtime commits them only when the activation succeeds.
+Writes are staged on a copy, made at the first write (the committed entries are shared
+until then: a large memory's dict costs O(entries) to copy and is one more large young
+container for the garbage collector to walk); the runtime commits them only when the
+activation succeeds.
 Values are what comes back as written: None, bool, int, float, str, bytes, and lists and
 dicts (str or int keys) of those; a tuple is stored as a list. Anything else (a set, a
 datetime, a dataclass) is refused with TypeError at the write: msgpack would store a set as
@@ -74,7 +77,10 @@ class Memory:
         on_soft_cap: Callable[[int], None] | None = None,
         total_bytes: int | None = None,
     ) -> None:
-        self._entries: dict[str, MemoryEntry] = dict(blob.entries)
+        self._entries: dict[str, MemoryEntry] = blob.entries
+        self._shared = True
+        """Whether ``_entries`` is a dict someone else holds (the committed blob's, or the one
+        ``to_blob`` handed over): the next write copies it first (``_staged``)."""
         # An entry's size is measured when a write or a delete needs it: a large memory comes
         # with its total (``total_bytes``, kept beside paged memory), and measuring every
         # entry would encode all of it on every activation.
@@ -123,7 +129,7 @@ class Memory:
         """Remove ``key``; nothing happens when it is absent."""
         if key in self._entries:
             self._total -= self._size_of(key)
-            del self._entries[key]
+            del self._staged()[key]
             del self._sizes[key]
             self.dirty = True
             self.changed.add(key)
@@ -153,14 +159,23 @@ class Memory:
         return iter(list(self._entries))
 
     def to_blob(self) -> MemoryBlob:
-        """The staged MEMORY cell, for the commit."""
-        return MemoryBlob(entries=dict(self._entries))
+        """The staged MEMORY cell, for the commit. The cell takes the staged dict over: a
+        write after this (an agent that kept its context) stages on a copy again."""
+        self._shared = True
+        return MemoryBlob(entries=self._entries)
+
+    def _staged(self) -> dict[str, MemoryEntry]:
+        """The entries, to write to: copied first while they are shared."""
+        if self._shared:
+            self._entries = dict(self._entries)
+            self._shared = False
+        return self._entries
 
     def _touch(self, key: str) -> MemoryEntry | None:
         entry = self._entries.get(key)
         if entry is not None and entry.last_access_ms != self._now_ms:
             entry = MemoryEntry(value=entry.value, ring=entry.ring, last_access_ms=self._now_ms)
-            self._entries[key] = entry
+            self._staged()[key] = entry
             self.dirty = True
             self.changed.add(key)
         return entry
@@ -177,11 +192,12 @@ class Memory:
                 # The write fails as a whole: the entries compaction dropped come back, so an
                 # agent that catches MemoryOverflow and goes on commits its memory intact.
                 self._entries, self._sizes, self._total, self.dirty = before
+                self._shared = False  # ``before`` holds a copy
                 if projected > self._hard_cap:
                     raise MemoryOverflow(key, projected, self._hard_cap)
                 assert self._room is not None
                 raise MemoryOverflow(key, self._cell_bytes(key, projected), self._room, room=True)
-        self._entries[key] = entry
+        self._staged()[key] = entry
         self._total = projected
         self._sizes[key] = size
         self.dirty = True

@@ -143,6 +143,43 @@ def test_writes_are_staged_on_a_copy_of_the_committed_blob() -> None:
     assert mem.to_blob().entries["k"] == MemoryEntry(value="new", ring=False, last_access_ms=NOW)
 
 
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda mem: mem.get("k"),  # a read marks the entry recently used: a write too
+        lambda mem: mem.ring("r"),
+        lambda mem: mem.delete("k"),
+        lambda mem: mem.append("r", 3),
+        lambda mem: mem.set("new", 1),
+    ],
+    ids=["get", "ring", "delete", "append", "set"],
+)
+def test_no_write_reaches_the_committed_entries_it_shares_until_then(write: Any) -> None:
+    entries = {
+        "k": MemoryEntry(value="old", last_access_ms=1),
+        "r": MemoryEntry(value=[1, 2], ring=True, last_access_ms=1),
+    }
+    committed = MemoryBlob(entries=dict(entries))
+    mem = Memory(committed, now_ms=NOW)
+
+    write(mem)
+
+    assert committed.entries == entries
+    assert mem.to_blob().entries != entries
+
+
+def test_a_write_after_the_commit_does_not_change_the_committed_cell() -> None:
+    mem = memory({"k": MemoryEntry(value="old", last_access_ms=1)})
+    mem.set("k", "staged")
+    cell = mem.to_blob()
+
+    mem.set("k", "late")  # an agent that kept its context past the activation
+    mem.delete("k")
+
+    assert cell.entries == {"k": MemoryEntry(value="staged", ring=False, last_access_ms=NOW)}
+    assert mem.to_blob().entries == {}
+
+
 # --- Memory: caps ---------------------------------------------------------------------------
 
 
