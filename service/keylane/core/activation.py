@@ -140,8 +140,9 @@ class Decision:
     """``new_state`` encoded, when the runtime sealed it against the key's state limit (a
     writer may store these bytes instead of encoding the state again)."""
     readback: KeyState | None = None
-    """``blob`` as decoded when it was sealed: what reading it back gives (None when the
-    key's memory is paged), so the writer can keep it for the key's next read."""
+    """``blob`` as decoded when it was sealed: what reading it back gives (for a key whose
+    memory is paged, but for the pages' slots the writer sets), so the writer can keep it for
+    the key's next read."""
     unpages: bool = False
     """``new_state`` is one record again where the key's memory was paged (it emptied): the
     writer empties the pages the committed record names."""

@@ -24,7 +24,8 @@ is committed only once every record it wrote is) empties them again before its o
 Every write follows a read of its key, which notes such a record.
 
 The state a key was last written with is kept too, decoded as the runtime checked its record
-(``KeyStates.decoded_bytes``): a read whose record is that one decodes nothing. Like the kept
+(``KeyStates.decoded_bytes``; a paged key's with the layout its writer chose): a read whose
+record is that one decodes nothing. Like the kept
 paged memory, such a state is shared between reads, which the runtime never changes in place
 (it builds each next state with ``msgspec.structs.replace``).
 
@@ -170,6 +171,8 @@ class KeyStates:
         record = encode_state(struct_replace(state, pages=layout))
         self._put(key, record)
         self._keep(key, _Kept(record, state.memory.entries, layout, names))
+        if isinstance(readback, PagedKeyState):  # the sealed blob's, but for its slots
+            self._keep_decoded(key, record, struct_replace(readback, pages=layout))
         return written + len(record)
 
     def _empty_left_pages(self, key: bytes, epoch: int) -> int:

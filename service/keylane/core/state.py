@@ -369,8 +369,9 @@ def decode_state(blob: bytes | None) -> KeyState:
 
 class Sealed(NamedTuple):
     """A state the runtime commits: ``state``, its ``blob``, and ``readback``, the blob as
-    decoded to check it (``decode_state(blob)``, for a key whose memory is not paged; None for
-    one whose is, whose record the writer encodes again with its pages' slots)."""
+    decoded to check it (``decode_state(blob)``). A key whose memory is paged has its record
+    encoded again by the writer, with its pages' slots: its readback is that record's but for
+    ``pages``, which the writer sets (keylane.core.key_states)."""
 
     state: KeyState
     blob: bytes
@@ -413,20 +414,19 @@ def seal(state: KeyState, limit: int) -> Sealed | None:
 
 
 def _sealed(state: KeyState, blob: bytes) -> Sealed:
-    readback = _readable(blob)
-    return Sealed(state, blob, None if isinstance(state, PagedKeyState) else readback)
+    return Sealed(state, blob, _readable(blob, paged=isinstance(state, PagedKeyState)))
 
 
-def _readable(blob: bytes) -> KeyState:
+def _readable(blob: bytes, *, paged: bool = False) -> KeyState:
     """``blob`` decoded as a KeyState again (UnencodableState if it does not decode).
 
     The encoder writes whatever Python value a field holds; only the decoder checks types. A
     blob committed unchecked could fail every later input of its key, on every worker. (Paged
-    memory's values are checked as the Memory facade takes them.) For a blob of a key whose
-    memory is not paged, this is what ``decode_state`` reads from it: its schema version is
-    below the paged one and it empties no pages."""
+    memory's values are checked as the Memory facade takes them.) This is what
+    ``decode_state`` reads from it: a blob of a key whose memory is not paged says a version
+    below the paged one and empties no pages; a ``paged`` one says the paged version."""
     try:
-        return _decoder.decode(blob)
+        return (_paged_decoder if paged else _decoder).decode(blob)
     except msgspec.ValidationError as exc:
         raise UnencodableState(
             f"the key's next state would not decode ({exc}): a value of the wrong type reached it; "

@@ -183,6 +183,22 @@ async def test_a_growing_memory_grows_its_layout_and_keeps_pages_small() -> None
     assert memory_of(h) == expected({**dict.fromkeys(range(300), 0), 150: 9})
 
 
+async def test_a_paged_keys_next_read_decodes_nothing_and_reads_what_its_record_says() -> None:
+    """The writer keeps each paged record as decoded, with the slots and buckets it chose: the
+    first paged write, one that flips a slot, one that grows the layout, and the first after
+    the memory emptied (whose EmptiedKeyState record is decoded when read, as before)."""
+    h, store = harness()
+    commands = ["fill:20", "set:3:1", *(f"set:{i}:0" for i in range(20, 80)), "set:50:2", "clear", "fill:30"]
+    for command in commands:
+        await h.send_event(KEY, command)
+        record = decode_state(store[KEY])
+        if isinstance(record, PagedKeyState):
+            assert h.states._decoded[KEY] == (store[KEY], record), command
+        memory = h.states.read(KEY).memory.entries
+        assert memory == KeyStates(store.get, store.__setitem__).read(KEY).memory.entries, command
+    assert isinstance(record, PagedKeyState) and memory_of(h) == expected(dict.fromkeys(range(30), 0))
+
+
 async def test_memory_emptied_goes_back_into_the_record() -> None:
     h, store = harness()
     await h.send_event(KEY, "fill:64")
