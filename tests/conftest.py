@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
+import keylane.core.state
 from keylane.catalog import Catalog, load_catalog
 from keylane.config import Settings
 from keylane.kafka.topic_admin import admin_client, apply_catalog
 from tests.broker import Broker, NoBroker, acquire, in_ci
 from tests.processes import stop_leftovers
+
+# Every state an activation commits without decoding its blob is decoded anyway, and compared,
+# in every test and in every worker a test starts (keylane.core.state.CHECK_ROUND_TRIPS).
+os.environ["KEYLANE_CHECK_ROUND_TRIPS"] = "1"
+keylane.core.state.CHECK_ROUND_TRIPS = True
 
 _broker_outcomes: dict[str, int] = {"passed": 0, "failed": 0, "skipped": 0}
 _broker_source: list[str] = []

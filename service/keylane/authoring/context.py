@@ -213,6 +213,10 @@ class ActivationContext:
             raise ToolMisuse(f"tool {tool!r} is read-only: call it inline with ctx.run_tool({tool!r}, args)")
 
     def _stage(self, tool: str, args_json: str, ttl_ms: int | None) -> ToolIntent:
+        # The key's state keeps the name as a str (a pending intent's tool), checked here as
+        # the agent hands it in (keylane.core.state.seal).
+        if not isinstance(tool, str):
+            raise TypeError(f"a tool name or approval channel must be a str, got {type(tool).__name__}")
         if not isinstance(args_json, str):
             raise TypeError("args_json must be a JSON string")
         try:

@@ -97,6 +97,9 @@ class Memory:
         self.dirty = False
         self.changed: set[str] = set()
         """The names written, touched or deleted: the entries the commit replaces."""
+        self.took_values = False
+        """Whether a value from the agent went in (``set``, ``append``): the staged entries
+        then hold values as the agent built them, not as the committed cell decodes them."""
 
     @property
     def _room(self) -> int | None:
@@ -201,6 +204,7 @@ class Memory:
         self._total = projected
         self._sizes[key] = size
         self.dirty = True
+        self.took_values = True
         self.changed.add(key)
         if self._total >= self._soft_cap and not self._warned:
             self._warned = True

@@ -161,6 +161,9 @@ class ActivationFailed(KeylaneError):
 class _Committed:
     state: KeyState
     emits: list[Emit]
+    round_trips: bool = False
+    """No value the agent wrote to memory or a model answered is in ``state``: its blob
+    decodes back to it as is (``seal``'s ``round_trips``)."""
 
 
 class KeyRuntime:
@@ -294,7 +297,9 @@ class KeyRuntime:
                 committed = await self._activate(state, key, event=parsed.payload_bytes(), record=record)
             except ActivationFailed as exc:
                 return Decision(None, [self._error(record, exc.reason, exc.detail, entity_key=key_text)])
-            return self._commit(committed.state, record, committed.emits, key)
+            return self._commit(
+                committed.state, record, committed.emits, key, round_trips=committed.round_trips
+            )
 
         kind = "approval" if isinstance(parsed, Approval) else "result"
         mode = self.approval_signatures if isinstance(parsed, Approval) else self.result_signatures
@@ -319,7 +324,8 @@ class KeyRuntime:
         if next_state.continuation is None and next_state.buffered:
             next_state, drained = await self._drain_buffered(next_state, key, record, emits)
             emits.extend(drained)
-        return self._commit(next_state, record, emits, key)
+            return self._commit(next_state, record, emits, key)
+        return self._commit(next_state, record, emits, key, round_trips=committed.round_trips)
 
     def _queue(self, state: KeyState, record: InputRecord, key: bytes) -> Decision:
         """Queue an event behind the key's suspension, or dead-letter it as ``buffer_full``
@@ -584,7 +590,21 @@ class KeyRuntime:
                 dirty=next_state.pages.dirty | ctx.memory.changed,
             )
             next_state = struct_replace(next_state, pages=layout)
-        return _Committed(next_state, emits)
+        return _Committed(next_state, emits, self._round_trips(ctx, cache, now, continuation is not None))
+
+    def _round_trips(self, ctx: ActivationContext, cache: ReplayCache, now: int, suspended: bool) -> bool:
+        """Whether the state an activation staged holds only decoded values and the runtime's
+        own: nothing the agent wrote to memory, no model answer it keeps (the replay cache is
+        kept while suspended), and a clock and config whose times are ints (a config patched
+        past its checks, or a test's clock, could give a float)."""
+        config = self.config
+        return (
+            not ctx.memory.took_values
+            and not (suspended and cache.took_responses)
+            and type(now) is int
+            and type(config.ttl_ms) is int
+            and type(config.hitl_policy.timeout_ms) is int
+        )
 
     async def _on_timer(
         self, record: InputRecord, fired: TimerFired, state: KeyState, key: bytes
@@ -825,12 +845,20 @@ class KeyRuntime:
             emits.extend(committed.emits)
         return state, emits
 
-    def _commit(self, state: KeyState, record: InputRecord, emits: list[Emit], key: bytes) -> Decision:
+    def _commit(
+        self,
+        state: KeyState,
+        record: InputRecord,
+        emits: list[Emit],
+        key: bytes,
+        *,
+        round_trips: bool = False,
+    ) -> Decision:
         """The decision that commits ``state`` for ``record`` with ``emits`` in its outbox, or,
         when that state does not fit the key's limit, one that fails ``record`` as
-        ``state_too_large`` and changes nothing."""
+        ``state_too_large`` and changes nothing (``round_trips``: see ``seal``)."""
         staged = self._advance(state, record, emits)
-        sealed = self._seal(staged, key)
+        sealed = self._seal(staged, key, round_trips=round_trips)
         if sealed is None:
             metrics.STATE_OVER_LIMIT.inc()
             detail = self._over_limit(staged, key)
@@ -851,8 +879,8 @@ class KeyRuntime:
         unpages = isinstance(before, PagedKeyState) and not isinstance(state, PagedKeyState)
         return Decision(state, emits, blob=blob, readback=sealed.readback, unpages=unpages)
 
-    def _seal(self, state: KeyState, key: bytes) -> Sealed | None:
-        return seal(state, self.state_limit(key))
+    def _seal(self, state: KeyState, key: bytes, *, round_trips: bool = False) -> Sealed | None:
+        return seal(state, self.state_limit(key), round_trips=round_trips)
 
     def _over_limit(self, state: KeyState, key: bytes) -> str:
         return over_limit(state, self.state_limit(key))

@@ -47,6 +47,8 @@ class ReplayCache:
         self._bytes = 0
         self._oldest_ms: int | None = None
         self.dirty = False
+        self.took_responses = False
+        """Whether a model's response went in (``put``), as its provider built it."""
 
     def _load(self) -> None:
         """Index the committed cell on first use: activations that never call a model skip it."""
@@ -84,6 +86,7 @@ class ReplayCache:
         """Insert or refresh an entry, then enforce TTL, count and size limits."""
         if not self._loaded:
             self._load()
+        self.took_responses = True
         entry = _sized(
             CacheEntry(
                 cache_key=cache_key,

@@ -60,6 +60,7 @@ every state it commits against the key's limit (see service/keylane/core/activat
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal, NamedTuple
 
 import msgspec
@@ -75,6 +76,9 @@ UNPAUSED_SCHEMA_VERSION = 4
 PAUSED_SCHEMA_VERSION = 5
 """The version a blob without a pause says (see the module docstring)."""
 SETTLED_INTENTS_KEPT = 128
+CHECK_ROUND_TRIPS = os.environ.get("KEYLANE_CHECK_ROUND_TRIPS") == "1"
+"""Decode every blob ``seal`` is told round-trips, and fail unless it decodes to the state
+itself (tests/conftest.py turns it on for every test, the workers they start included)."""
 
 IntentKind = Literal["tool", "approval"]
 
@@ -368,22 +372,30 @@ def decode_state(blob: bytes | None) -> KeyState:
 
 
 class Sealed(NamedTuple):
-    """A state the runtime commits: ``state``, its ``blob``, and ``readback``, the blob as
-    decoded to check it (``decode_state(blob)``). A key whose memory is paged has its record
-    encoded again by the writer, with its pages' slots: its readback is that record's but for
-    ``pages``, which the writer sets (keylane.core.key_states)."""
+    """A state the runtime commits: ``state``, its ``blob``, and ``readback``, what
+    ``decode_state(blob)`` gives (the blob decoded to check it or, for a state ``seal`` was
+    told round-trips, the state as decoding gives it back). A key whose memory is paged has
+    its record encoded again by the writer, with its pages' slots: its readback is that
+    record's but for ``pages``, which the writer sets (keylane.core.key_states)."""
 
     state: KeyState
     blob: bytes
     readback: KeyState | None
 
 
-def seal(state: KeyState, limit: int) -> Sealed | None:
+def seal(state: KeyState, limit: int, *, round_trips: bool = False) -> Sealed | None:
     """``state`` and its blob if they fit in ``limit`` bytes, dropping replay-cache entries,
     least recently used first, as far as needed; None if it does not fit even without them.
 
     The cache is the one cell that is safe to lose (a dropped entry costs at most one repeated
     model call); memory, outbox, queued events and bookkeeping are never trimmed here.
+
+    With ``round_trips``, the caller vouches that every value in ``state`` came from a
+    decoded state or is one of the runtime's own, of the type its field declares: the
+    readback is then ``state`` itself, as decoding gives it back (``_as_decoded``), and the
+    blob is not decoded. An activation that took no value from its agent's memory writes or
+    from a model is such a state; the agent's outputs, snapshots and intents are checked as
+    they are taken (keylane.authoring).
 
     Memory of PAGED_FROM_BYTES or more is paged (a PagedKeyState: ``blob`` is its record
     without memory, and keylane.core.key_states writes its pages); memory emptied goes back
@@ -400,7 +412,7 @@ def seal(state: KeyState, limit: int) -> Sealed | None:
             state = paged(state, new_layout(buckets_for(size, len(state.memory.entries)), size))
             blob = encode_state(state)
     if len(blob) <= limit:
-        return _sealed(state, blob)
+        return _sealed(state, blob, round_trips)
     cache = list(state.llm_cache)  # most recently used last
     excess = len(blob) - limit
     while cache:
@@ -409,12 +421,31 @@ def seal(state: KeyState, limit: int) -> Sealed | None:
         blob = encode_state(msgspec.structs.replace(state, llm_cache=cache))
         excess = len(blob) - limit
         if excess <= 0:
-            return _sealed(msgspec.structs.replace(state, llm_cache=cache), blob)
+            return _sealed(msgspec.structs.replace(state, llm_cache=cache), blob, round_trips)
     return None
 
 
-def _sealed(state: KeyState, blob: bytes) -> Sealed:
-    return Sealed(state, blob, _readable(blob, paged=isinstance(state, PagedKeyState)))
+def _sealed(state: KeyState, blob: bytes, round_trips: bool) -> Sealed:
+    paged = isinstance(state, PagedKeyState)
+    if not round_trips:
+        return Sealed(state, blob, _readable(blob, paged=paged))
+    readback = _as_decoded(state)
+    if CHECK_ROUND_TRIPS and (decoded := _readable(blob, paged=paged)) != readback:
+        raise AssertionError(f"a state sealed as round-tripping decodes otherwise:\n{readback}\n{decoded}")
+    return Sealed(state, blob, readback)
+
+
+def _as_decoded(state: KeyState) -> KeyState:
+    """``state`` as decoding its blob gives it back (for a state whose values all have their
+    fields' types): the version its blob says, and a paged state's record without memory."""
+    version = schema_version_of(state)
+    if isinstance(state, PagedKeyState):
+        pages = state.pages
+        layout = PageLayout(buckets=pages.buckets, slots=pages.slots, memory_bytes=pages.memory_bytes)
+        return msgspec.structs.replace(state, state_schema_version=version, memory=MemoryBlob(), pages=layout)
+    if state.state_schema_version != version:
+        return msgspec.structs.replace(state, state_schema_version=version)
+    return state
 
 
 def _readable(blob: bytes, *, paged: bool = False) -> KeyState:

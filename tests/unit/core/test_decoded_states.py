@@ -5,8 +5,9 @@ blob that does not read) is decoded as it is; the kept states stay within their 
 from __future__ import annotations
 
 import msgspec
+import pytest
 
-from keylane.authoring.api import AgentConfig, Complete
+from keylane.authoring.api import AgentConfig, Complete, Suspend
 from keylane.authoring.context import ActivationContext
 from keylane.core.key_states import KeyStates
 from keylane.core.state import KeyState, decode_state, encode_state, seal
@@ -81,3 +82,51 @@ async def test_each_activation_reads_the_state_the_last_one_committed() -> None:
 
     assert [value for _, value in harness.outputs()] == [b"1", b"2", b"3", b"4", b"5"]
     assert harness.state(KEY) == decode_state(harness.store[KEY])
+
+
+async def remembers_a_pair(ctx: ActivationContext) -> Complete | Suspend:
+    """``pair``: store a tuple; ``wait``: stage an intent and suspend; anything else reads."""
+    if ctx.event == b"pair":
+        ctx.memory.set("pair", (1, 2))
+    elif ctx.event == b"wait" and not ctx.is_resume:
+        ctx.act("refund", '{"n": 1}')
+        return Suspend(snapshot=b"s")
+    return Complete(repr(ctx.memory.get("pair")).encode())
+
+
+async def test_an_activation_that_took_no_agent_value_keeps_its_state_as_is() -> None:
+    """Nothing in it but decoded values and the runtime's own: its readback is the state
+    committed, not a decode of its blob (which tests/conftest.py checks it equals)."""
+    harness = AgentHarness(remembers_a_pair, AgentConfig(), clock=ManualClock())
+    decisions = [await harness.send_event(KEY, "read"), await harness.send_event(KEY, "wait")]
+    (intent,) = harness.intents()
+    decisions.append(await harness.send_result(harness.result_for(intent)))
+
+    for decision in decisions:
+        assert decision.readback is not None and decision.new_state is not None
+        assert decision.readback == decode_state(decision.blob)
+        assert decision.readback.applied is decision.new_state.applied  # no decode made it
+    # The first one's says the version its blob says (a fresh state says the newest).
+    assert [d.readback is d.new_state for d in decisions] == [False, True, True]
+
+
+async def test_a_value_the_agent_wrote_is_read_back_as_its_blob_decodes() -> None:
+    """A tuple is stored as a msgpack array: the next activation sees the list any restart
+    would, not the tuple the agent handed in."""
+    harness = AgentHarness(remembers_a_pair, AgentConfig(), clock=ManualClock())
+    wrote = await harness.send_event(KEY, "pair")
+    assert wrote.readback is not wrote.new_state and wrote.readback == decode_state(wrote.blob)
+
+    await harness.send_event(KEY, "read")
+
+    assert harness.outputs()[-1] == (KEY, b"[1, 2]")
+
+
+def test_a_state_vouched_for_that_does_not_round_trip_fails_the_check() -> None:
+    state = KeyState(seq=1, settled_intents=("a", "b"))  # type: ignore[arg-type]  # a tuple
+    with pytest.raises(AssertionError, match="decodes otherwise"):
+        seal(state, 1 << 20, round_trips=True)
+    sealed = seal(state, 1 << 20)
+    assert (
+        sealed is not None and sealed.readback is not None and sealed.readback.settled_intents == ["a", "b"]
+    )

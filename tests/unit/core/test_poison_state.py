@@ -10,6 +10,7 @@ import json
 import msgspec
 import pytest
 
+import keylane.core.state
 from keylane.authoring.api import AgentConfig, Complete, Suspend
 from keylane.authoring.context import ActivationContext
 from keylane.authoring.hitl import Deny, Escalate, FallbackContext, HitlPolicy
@@ -93,6 +94,43 @@ async def test_a_state_that_would_not_read_back_fails_the_input_and_commits_noth
     assert error.reason == "activation_error"
     assert "would not decode" in error.detail and "nothing was committed" in error.detail
     assert KEY not in harness.runtime.quarantine
+
+
+@pytest.mark.parametrize("patched", ["ttl_ms", "hitl_policy.timeout_ms"])
+async def test_a_patched_config_fails_the_input_of_an_agent_that_writes_nothing(
+    patched: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Such an activation's state is committed without decoding its blob (keylane.core.state.
+    seal), but not when the config's times are not ints: it is decoded and refused. (As in a
+    worker: without the check the tests run with.)"""
+    monkeypatch.setattr(keylane.core.state, "CHECK_ROUND_TRIPS", False)
+
+    async def suspends(ctx: ActivationContext) -> Suspend:
+        return Suspend()
+
+    config = AgentConfig(hitl_policy=HitlPolicy())
+    owner = config.hitl_policy if patched.startswith("hitl") else config
+    object.__setattr__(owner, patched.rsplit(".", 1)[-1], 3.6e6)
+    harness = AgentHarness(suspends, config, clock=ManualClock())
+
+    decision = await harness.send_event(KEY, "one")
+
+    assert decision.new_state is None and KEY not in harness.store
+    [error] = harness.errors()
+    assert "would not decode" in error.detail
+
+
+async def test_an_intent_names_its_tool_with_a_str() -> None:
+    async def acts(ctx: ActivationContext) -> Complete:
+        ctx.act(7, "{}")  # type: ignore[arg-type]
+        return Complete()
+
+    harness = AgentHarness(acts, AgentConfig(), clock=ManualClock())
+    await harness.send_event(KEY, "one")
+
+    [error] = harness.errors()
+    assert "a tool name or approval channel must be a str, got int" in error.detail
+    assert KEY not in harness.store
 
 
 def test_configs_refuse_values_the_state_cannot_hold() -> None:
