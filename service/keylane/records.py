@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Literal
 
 from msgspec.structs import replace as replace_struct
@@ -135,13 +136,14 @@ class InputRecord:
             redrive=redrive_of(headers),
         )
 
-    @property
+    @cached_property
     def identity(self) -> tuple[str, int]:
         """(stream, offset): what makes this record one input, whichever copy of it this is.
 
         The stream is ``"<topic>/<partition>"`` of the original record. Copies of one record
         share its identity; within a stream, a key sees its records in offset order (the
-        original partition is read in order and copied in order).
+        original partition is read in order and copied in order). Worked out once: every
+        input's commit asks for it several times.
         """
         topic, partition, offset = self.origin or (self.broker_topic, self.partition, self.offset)
         return f"{topic}/{partition}", offset
