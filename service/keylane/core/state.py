@@ -31,7 +31,10 @@ keylane.cells, because the authoring API's Memory facade builds it too.
 Encoding: msgpack with field names (msgspec), never pickle. ``state_schema_version`` is on
 every blob and ``encode_state`` always writes the current one; a blob from a newer version
 is refused (StateFromTheFuture) rather than guessed, and every blob the runtime commits is
-decoded once before it is (``seal``), so a key never holds a blob it cannot read back.
+decoded once before it is (``seal``), so a key never holds a blob it cannot read back. The
+one exception is a state whose every value came from a decoded state or is the runtime's
+own, of its field's type (an activation that wrote no memory, see ``seal``): it is its own
+readback, and the tests decode it anyway (CHECK_ROUND_TRIPS).
 tests/unit/core/test_state_golden.py pins the bytes of a reference blob for every version
 this code reads:
 
