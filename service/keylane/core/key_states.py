@@ -23,11 +23,11 @@ named by no record, and the key's next write (the input run again, at the latest
 is committed only once every record it wrote is) empties them again before its own record.
 Every write follows a read of its key, which notes such a record.
 
-The state a key was last written with is kept too, decoded as the runtime checked its record
+The state a key was last written with is kept too, as the runtime sealed its record
 (``KeyStates.decoded_bytes``; a paged key's with the layout its writer chose): a read whose
-record is that one decodes nothing. Like the kept
-paged memory, such a state is shared between reads, which the runtime never changes in place
-(it builds each next state with ``msgspec.structs.replace``).
+record is that one decodes nothing. Like the kept paged memory, such a state is shared
+between reads, which the runtime never changes in place (it builds each next state with
+``msgspec.structs.replace``).
 
 All of this assumes a local store that holds what the changelog holds: a worker killed with
 writes its changelog never got restores from the changelog alone
