@@ -315,14 +315,21 @@ def encode_state(state: KeyState) -> bytes:
     """The blob committed to the table for one key, in the newest schema version its content
     needs (``schema_version_of``; a state decoded from an older blob is written back so). A
     paged state's blob leaves its memory to its pages."""
+    return _encoder.encode(_as_written(state))
+
+
+def _as_written(state: KeyState) -> KeyState:
+    """``state`` as its blob holds it, which is what decoding the blob gives back for a state
+    whose values all have their fields' types: the version its content needs, and for a paged
+    state the record, without memory and without the staged ``dirty``."""
     version = schema_version_of(state)
-    if state.state_schema_version != version:
-        state = msgspec.structs.replace(state, state_schema_version=version)
-    if isinstance(state, PagedKeyState):  # the record: no memory, and no staged ``dirty``
+    if isinstance(state, PagedKeyState):
         pages = state.pages
         layout = PageLayout(buckets=pages.buckets, slots=pages.slots, memory_bytes=pages.memory_bytes)
-        state = msgspec.structs.replace(state, memory=NO_MEMORY, pages=layout)
-    return _encoder.encode(state)
+        return msgspec.structs.replace(state, state_schema_version=version, memory=NO_MEMORY, pages=layout)
+    if state.state_schema_version != version:
+        return msgspec.structs.replace(state, state_schema_version=version)
+    return state
 
 
 def memory_bytes(memory: MemoryBlob) -> int:
@@ -395,7 +402,7 @@ def seal(state: KeyState, limit: int, *, round_trips: bool = False) -> Sealed | 
 
     With ``round_trips``, the caller vouches that every value in ``state`` came from a
     decoded state or is one of the runtime's own, of the type its field declares: the
-    readback is then ``state`` itself, as decoding gives it back (``_as_decoded``), and the
+    readback is then ``state`` itself, as decoding gives it back (``_as_written``), and the
     blob is not decoded. An activation that took no value from its agent's memory writes or
     from a model is such a state; the agent's outputs, snapshots and intents are checked as
     they are taken (keylane.authoring).
@@ -432,23 +439,10 @@ def _sealed(state: KeyState, blob: bytes, round_trips: bool) -> Sealed:
     paged = isinstance(state, PagedKeyState)
     if not round_trips:
         return Sealed(state, blob, _readable(blob, paged=paged))
-    readback = _as_decoded(state)
+    readback = _as_written(state)
     if CHECK_ROUND_TRIPS and (decoded := _readable(blob, paged=paged)) != readback:
         raise AssertionError(f"a state sealed as round-tripping decodes otherwise:\n{readback}\n{decoded}")
     return Sealed(state, blob, readback)
-
-
-def _as_decoded(state: KeyState) -> KeyState:
-    """``state`` as decoding its blob gives it back (for a state whose values all have their
-    fields' types): the version its blob says, and a paged state's record without memory."""
-    version = schema_version_of(state)
-    if isinstance(state, PagedKeyState):
-        pages = state.pages
-        layout = PageLayout(buckets=pages.buckets, slots=pages.slots, memory_bytes=pages.memory_bytes)
-        return msgspec.structs.replace(state, state_schema_version=version, memory=MemoryBlob(), pages=layout)
-    if state.state_schema_version != version:
-        return msgspec.structs.replace(state, state_schema_version=version)
-    return state
 
 
 def _readable(blob: bytes, *, paged: bool = False) -> KeyState:
