@@ -9,6 +9,14 @@ dicts (str or int keys) of those; a tuple is stored as a list. Anything else (a 
 datetime, a dataclass) is refused with TypeError at the write: msgpack would store a set as
 a list, or fail only at the commit, far from the line that wrote it.
 
+A list or a dict crosses between the agent and memory as a copy, both ways (``_detached``):
+``set`` and ``append`` keep the value as it was at the call, as a restart would read it,
+and ``get`` and ``ring`` hand out values the agent can change freely. Otherwise a value
+changed in place without a write would reach the worker's kept state and not the key's
+record: an activation that then failed would leave its change behind for the key's next
+activation to commit, and a paged key's page would not get it at all, so what the key
+remembered would depend on whether the worker restarted in between.
+
 Size is the sum of encoded keys and values. Two caps, per key:
 
 * soft cap (75% of the hard cap): the first write that reaches it logs a warning and counts
@@ -31,6 +39,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
+
+import msgspec
 
 from keylane.cells import MemoryBlob, MemoryEntry, encoded_size, entry_bytes
 from keylane.errors import KeylaneError
@@ -98,8 +108,9 @@ class Memory:
         self.changed: set[str] = set()
         """The names written, touched or deleted: the entries the commit replaces."""
         self.took_values = False
-        """Whether a value from the agent went in (``set``, ``append``): the staged entries
-        then hold values as the agent built them, not as the committed cell decodes them."""
+        """Whether a value from the agent went in (``set``, ``append``): the runtime then
+        decodes the committed blob for the key's next read rather than keeping the staged
+        state as it is (KeyRuntime._round_trips)."""
 
     @property
     def _room(self) -> int | None:
@@ -121,12 +132,12 @@ class Memory:
             return default
         if entry.ring:
             raise TypeError(f"memory key {key!r} holds a ring; read it with ring({key!r})")
-        return entry.value
+        return _detached(entry.value)
 
     def set(self, key: str, value: Any) -> None:
         """Store ``value`` under ``key``, replacing a scalar or a ring."""
         _check_storable(key, value)
-        self._write(key, MemoryEntry(value=value, ring=False, last_access_ms=self._now_ms))
+        self._write(key, MemoryEntry(value=_detached(value), ring=False, last_access_ms=self._now_ms))
 
     def delete(self, key: str) -> None:
         """Remove ``key``; nothing happens when it is absent."""
@@ -143,7 +154,7 @@ class Memory:
         if entry is not None and not entry.ring:
             raise TypeError(f"memory key {key!r} holds a scalar; append needs a ring")
         _check_storable(key, item)
-        items = [*(entry.value if entry else []), item]
+        items = [*(entry.value if entry else []), _detached(item)]
         items = items[-max_items:] if max_items > 0 else []
         self._write(key, MemoryEntry(value=items, ring=True, last_access_ms=self._now_ms))
 
@@ -154,7 +165,7 @@ class Memory:
             return ()
         if not entry.ring:
             raise TypeError(f"memory key {key!r} holds a scalar; read it with get({key!r})")
-        return tuple(entry.value)
+        return tuple(_detached(entry.value))
 
     def keys(self) -> Iterator[str]:
         """Keys in memory, in insertion order (page by page for a memory over 16 KiB, which
@@ -246,6 +257,20 @@ _CELL_OVERHEAD_BYTES = 16  # the cell's "entries" name and map headers
 
 
 _SCALARS = (type(None), bool, int, float, str, bytes)
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder()
+
+
+_STORED_AS_IS = frozenset(_SCALARS)
+
+
+def _detached(value: Any) -> Any:
+    """``value`` as the key's record stores it, sharing no list or dict with ``value``. A
+    scalar of one of the stored types is immutable, and is itself; a subclass of one (an
+    IntEnum, a str Enum) comes back as its base type, as a restart would read it."""
+    if type(value) in _STORED_AS_IS:
+        return value
+    return _decoder.decode(_encoder.encode(value))
 
 
 def _check_storable(key: str, value: Any) -> None:

@@ -132,6 +132,28 @@ def test_reading_or_appending_the_wrong_kind_raises_type_error() -> None:
     assert mem.ring("ring") == (1,)
 
 
+def test_a_list_or_dict_crosses_between_the_agent_and_memory_as_a_copy() -> None:
+    """Changing a value in place, after the write that stored it or after the read that gave
+    it, changes nothing memory holds: only a write does."""
+    ring_item = {"role": "user"}
+    written = {"ids": [1, 2], "pair": (3, 4)}
+    committed = MemoryBlob(entries={"kept": MemoryEntry(value=[{"n": 1}], last_access_ms=NOW)})
+    mem = Memory(committed, now_ms=NOW)  # read in the millisecond it was last read: no touch
+
+    mem.set("v", written)
+    mem.append("r", ring_item)
+    written["ids"].append(99)
+    ring_item["role"] = "changed"
+    mem.get("v")["ids"].clear()
+    mem.get("kept")[0]["n"] = 2
+    mem.ring("r")[0]["role"] = "changed"
+
+    assert mem.get("v") == {"ids": [1, 2], "pair": [3, 4]}  # a tuple is stored as a list
+    assert mem.ring("r") == ({"role": "user"},)
+    assert mem.get("kept") == [{"n": 1}]
+    assert committed.entries["kept"].value == [{"n": 1}]
+
+
 def test_writes_are_staged_on_a_copy_of_the_committed_blob() -> None:
     committed = MemoryBlob(entries={"k": MemoryEntry(value="old", last_access_ms=1)})
     mem = Memory(committed, now_ms=NOW)

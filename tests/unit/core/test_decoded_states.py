@@ -130,3 +130,40 @@ def test_a_state_vouched_for_that_does_not_round_trip_fails_the_check() -> None:
     assert (
         sealed is not None and sealed.readback is not None and sealed.readback.settled_intents == ["a", "b"]
     )
+
+
+async def changes_its_log_in_place(ctx: ActivationContext) -> Complete:
+    """``fill:<n>``: ``n`` cells of 1 KiB and a log ``["a"]`` (over 16 KiB: paged); ``change``
+    and ``fail``: append to the log read with ``get``, in place, without a write (``fail``
+    then raises); anything else reads."""
+    command = ctx.event.decode()
+    if command.startswith("fill:"):
+        for cell in range(int(command.split(":")[1])):
+            ctx.memory.set(f"c{cell}", "x" * 1024)
+        ctx.memory.set("log", ["a"])
+    elif command in ("change", "fail"):
+        ctx.memory.get("log").append(command)
+        if command == "fail":
+            raise RuntimeError("the activation fails after changing a value in place")
+    return Complete(repr(ctx.memory.get("log")).encode())
+
+
+@pytest.mark.parametrize("cells", [1, 40], ids=["inline", "paged"])
+async def test_a_value_changed_in_place_is_not_memory_and_the_key_reads_what_a_restart_reads(
+    cells: int,
+) -> None:
+    """Only a write changes memory. A value changed in place once reached the kept state: a
+    failed activation's change was committed by the key's next activation, and a paged key's
+    change made in the millisecond of the entry's last read never reached its page, so the
+    key remembered otherwise after a restart."""
+    harness = AgentHarness(changes_its_log_in_place, AgentConfig(), clock=ManualClock())
+    await harness.send_event(KEY, f"fill:{cells}")
+    assert (len(harness.store) > 1) is (cells == 40), "paged or not, as named"
+
+    for command in ("change", "fail", "change", "read"):
+        await harness.send_event(KEY, command)
+        restarted = KeyStates(harness.store.get, harness.store.__setitem__)
+        assert harness.state(KEY).memory == restarted.read(KEY).memory
+
+    assert harness.outputs()[-1] == (KEY, b"['a']")
+    assert [error.reason for error in harness.errors()] == ["activation_error"]
