@@ -1,6 +1,7 @@
 """The chaos tests' agent: a per-key counter with one side effect per event.
 
-Each new event increments the key's ``count`` in memory, remembers the event id (with
+Each new event adds its id to the key's ``counted`` list in memory (changed in place, then
+written: see the agent), whose length is its ``count``, and to the ``events`` ring (with
 COUNTER_BALLAST_BYTES set, every other key also keeps that much ballast, so its memory is
 paged, and rewrites one piece of it per event), asks the model once, stages
 ``record_effect`` {key, event, count} and suspends; the ToolResult resumes it and it
@@ -105,7 +106,13 @@ async def agent(ctx: ActivationContext) -> Complete | Suspend:
         }
         return Complete(output=json.dumps(output, sort_keys=True).encode())
     event = ctx.event.decode()
-    count = int(ctx.memory.get("count", 0)) + 1
+    # The key's events so far, changed in place before the write that stores them. Were a
+    # change in place memory, an activation abandoned after it (a rebalance cancels it, or a
+    # model call fails) and run again by the same worker would count its event twice.
+    counted = ctx.memory.get("counted", [])
+    counted.append(event)
+    count = len(counted)
+    ctx.memory.set("counted", counted)
     ctx.memory.set("count", count)
     ctx.memory.append("events", event)
     ballast = ballast_bytes()
