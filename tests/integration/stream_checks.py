@@ -28,9 +28,10 @@ async def wait_until(condition: Callable[[], bool], *, timeout_s: float, what: s
 
 
 async def outputs_by_id(
-    settings: Settings, catalog: Catalog, total: int, timeout_s: float
+    settings: Settings, catalog: Catalog, total: int, timeout_s: float, *, poll_s: float = 0.5
 ) -> dict[str, set[bytes]]:
-    """Every output value per deterministic id, once ``total`` distinct ids are there."""
+    """Every output value per deterministic id, once ``total`` distinct ids are there (read
+    again every ``poll_s``)."""
     outputs: dict[str, set[bytes]] = defaultdict(set)
     deadline = asyncio.get_running_loop().time() + timeout_s
     while len(outputs) < total:
@@ -38,7 +39,7 @@ async def outputs_by_id(
         for record in await read_to_end(settings, catalog.name(OUTPUT)):
             assert record.value is not None
             outputs[record.record_id].add(record.value)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(poll_s)
     return outputs
 
 

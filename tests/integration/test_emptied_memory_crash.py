@@ -12,16 +12,14 @@ event cleared it is an empty page, so compaction keeps a few bytes of it, not it
 
 from __future__ import annotations
 
-import asyncio
 import random
 import shutil
 from pathlib import Path
 
 import pytest
 
-from keylane.catalog import EVENTS, OUTPUT, Catalog
+from keylane.catalog import EVENTS, Catalog
 from keylane.config import Settings
-from keylane.kafka.topic_reader import read_to_end
 from keylane.wire import AgentEnvelope, encode
 from tests.agents.pages import fill_and_clear
 from tests.integration.pages_checks import assert_paged_memory_whole
@@ -53,17 +51,10 @@ async def test_memory_that_empties_survives_kill_9_and_leaves_no_page_behind(
     env = process_env(settings)
     worker = KeylaneProcess(["worker", "--agent", "tests.agents.pages:agent"], env, tmp_path / "worker.log")
 
-    async def wait_for_outputs(count: int) -> None:
-        for _ in range(600):
-            if len({r.record_id for r in await read_to_end(settings, catalog.name(OUTPUT))}) >= count:
-                return
-            await asyncio.sleep(0.2)
-        raise AssertionError(f"fewer than {count} outputs after 120 s")
-
     with running(worker):
         await produce(settings, catalog.name(EVENTS), events)
         for number, after in enumerate(kills, start=1):
-            await wait_for_outputs(after)
+            await outputs_by_id(settings, catalog, after, timeout_s=120, poll_s=0.2)
             worker.kill9()
             if number == len(kills):
                 shutil.rmtree(settings.data_dir / "v1")  # restore from the changelog alone

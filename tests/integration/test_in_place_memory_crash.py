@@ -12,13 +12,12 @@ key found depended on when the worker last restarted.
 
 from __future__ import annotations
 
-import asyncio
 import random
 from pathlib import Path
 
 import pytest
 
-from keylane.catalog import ERRORS, EVENTS, OUTPUT, Catalog
+from keylane.catalog import ERRORS, EVENTS, Catalog
 from keylane.config import Settings
 from keylane.kafka.topic_reader import read_to_end
 from keylane.wire import AgentEnvelope, ErrorRecord, decode, encode
@@ -51,17 +50,10 @@ async def test_a_value_changed_in_place_never_becomes_memory_through_kill_9_and_
         ["worker", "--agent", "tests.agents.in_place:agent"], env, tmp_path / "worker.log"
     )
 
-    async def wait_for_outputs(count: int) -> None:
-        for _ in range(600):
-            if len({r.record_id for r in await read_to_end(settings, catalog.name(OUTPUT))}) >= count:
-                return
-            await asyncio.sleep(0.2)
-        raise AssertionError(f"fewer than {count} outputs after 120 s")
-
     with running(worker):
         await produce(settings, catalog.name(EVENTS), records)
         for after in kills:
-            await wait_for_outputs(after)
+            await outputs_by_id(settings, catalog, after, timeout_s=120, poll_s=0.2)
             worker.kill9()
             worker.start()
         outputs = await outputs_by_id(settings, catalog, outputs_expected, timeout_s=180)
