@@ -365,8 +365,8 @@ def overview() -> builders.Dashboard:
                 "Refused, redelivered and abandoned records/s",
                 "Inputs that kept failing (poison), records over their topic's limit, records with "
                 "a missing or bad signature, events refused by a full buffer or state limit, "
-                "redeliveries recognised, partitions read again after a stall, and records given "
-                "up on a revocation.",
+                "redeliveries recognised, partitions and table restores read again after a stall, "
+                "and records given up on a revocation.",
                 [
                     (_rate("keylane_poison_records_total", "topic"), "poison: {{topic}}"),
                     (_rate("keylane_records_too_large_total", "topic"), "too large: {{topic}}"),
@@ -375,6 +375,7 @@ def overview() -> builders.Dashboard:
                     (_rate("keylane_state_over_limit_total"), "state over limit"),
                     (_rate("keylane_redeliveries_total", "topic"), "redelivered: {{topic}}"),
                     (_rate("keylane_stall_rereads_total", "topic"), "stall re-read: {{topic}}"),
+                    (_rate("keylane_restore_rereads_total"), "restore re-read"),
                     (_rate("keylane_records_abandoned_total"), "abandoned on revocation"),
                 ],
                 unit="ops",

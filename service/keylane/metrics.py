@@ -116,6 +116,10 @@ STALL_REREADS = Counter(
     "Input partitions read again because records waited from the expected offset on and none arrived.",
     ["topic"],
 )
+RESTORE_REREADS = Counter(
+    "keylane_restore_rereads",
+    "Active changelog partitions whose table restore applied nothing while records remained, read again.",
+)
 STREAMS_RESTARTED = Counter(
     "keylane_streams_restarted",
     "Originals below a key's applied offset while the log ends below it: a recreated topic.",

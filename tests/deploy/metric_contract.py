@@ -60,6 +60,7 @@ CONTRACT: tuple[Metric, ...] = (
     Metric("keylane_records_abandoned", "counter"),
     Metric("keylane_poison_records", "counter", ("topic",)),
     Metric("keylane_stall_rereads", "counter", ("topic",)),
+    Metric("keylane_restore_rereads", "counter"),
     Metric("keylane_quarantined_keys", "gauge"),
     Metric("keylane_paused_keys", "gauge"),
     Metric("keylane_inputs_held", "counter", ("topic",)),

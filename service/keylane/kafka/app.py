@@ -26,6 +26,7 @@ from keylane.catalog import EVENTS, Catalog
 from keylane.config import Settings
 from keylane.kafka.delivery import delivery_guard
 from keylane.kafka.patches import deliver_without_tasks, publish_without_stampede
+from keylane.kafka.restore_watch import watch_restores
 from keylane.kafka.rocksdb_store import RocksDBStore
 from keylane.kafka.sensors import CommitMonitor, hook_sensors
 from keylane.kafka.topic_admin import admin_client, ensure_topic
@@ -116,6 +117,7 @@ def build_app(
         Monitor=CommitMonitor,  # no per-record statistics: see service/keylane/kafka/sensors.py
     )
     hook_sensors(app)  # before any stream or table binds the delegate's hooks
+    watch_restores(app)  # a table restore that stops receiving records is read again
     # Faust lets PRODUCER_ACKS / TOPIC_REPLICATION_FACTOR in the environment win over the
     # arguments above; keylane's no-loss guarantee rests on these two, so they are pinned.
     app.conf.producer_acks = ACKS_ALL
