@@ -3,10 +3,11 @@ changelog partition, for the test of service/keylane/kafka/restore_watch.py.
 
 Importing this module (the worker imports its agent's module before it starts) wraps Faust's
 ``Consumer.getmany`` so that, while a restore runs, the records of each active changelog
-partition in the first batch that holds any are dropped after the consumer fetched them:
-what Faust's own fetch loop does to a batch that returns while its flow is stopped. The
-consumer's position has passed them, so without a re-read the restore waits for good. Each
-drop is logged (RESTORE_DROP_LINE) so that the test knows the fault happened.
+partition in the first batch that holds any are dropped after the consumer fetched them.
+With RESTORE_DROP_SEEKS=1 in the environment the wrap then seeks to committed, as Faust's
+fetch loop does with a batch that returns while its flow is stopped (``perform_seek``);
+without, it seeks nothing. Either way the consumer's position has passed the dropped
+records. Each drop is logged (RESTORE_DROP_LINE) so that the test knows the fault happened.
 
 The agent counts: every event adds one to the key's ``count`` in memory, and the output is
 the count, so a key whose memory the restore lost starts over at 1.
@@ -15,6 +16,7 @@ the count, so a key whose memory the restore lost starts over at 1.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -42,6 +44,8 @@ async def _getmany_losing_restored(self: Any, timeout: float) -> AsyncIterator[t
         yield tp, message
     for tp, offsets in dropping.items():
         log.warning("%s %s/%s: offsets %s", RESTORE_DROP_LINE, tp.topic, tp.partition, offsets)
+    if dropping and os.environ.get("RESTORE_DROP_SEEKS") == "1":
+        await self.perform_seek()
 
 
 Consumer.getmany = _getmany_losing_restored  # type: ignore[method-assign]

@@ -10,7 +10,10 @@ an app's input topics:
   consumer takes this method from ThreadDelegateConsumer, which overrides the base class's:
   wrapping the base one never ran.
 * ``Consumer.perform_seek``: after Faust's seek to committed, the guard seeks every governed
-  partition to its committed offset (or the log start) and tells the ledger.
+  partition to its committed offset (or the log start) and tells the ledger, and each
+  changelog partition a table restore still reads is sought back to the offset the restore
+  applied (service/keylane/kafka/restore_watch.py): Faust seeks back after a dropped batch,
+  but only the partitions with a committed offset.
 * ``Consumer.on_partitions_revoked``: Faust drops the revoked partitions' acks before it
   waits for their records and never commits them; the lanes settle their records while
   Faust waits, and the guard commits the ledger's marks before the partitions go.
@@ -127,6 +130,7 @@ from faust.transport.drivers.aiokafka import Consumer as AIOKafkaDriverConsumer
 from mode.services import WaitResults
 
 from keylane.errors import ConfigError
+from keylane.kafka.restore_watch import restore_positions_after_seek
 
 if TYPE_CHECKING:
     from keylane.kafka.offset_guard import OffsetGuard
@@ -295,6 +299,7 @@ def wrap_faust_consumer(guard_of: Callable[[Any], OffsetGuard | None]) -> None:
         guard = guard_of(self.app)
         if guard is not None:
             await guard.position(self, {ensure_TP(tp): o for tp, o in self._keylane_committed.items()})
+        await restore_positions_after_seek(self)
 
     async def revoke_from_ledger(self: Any, revoked: Any) -> None:
         guard = guard_of(self.app)

@@ -1,23 +1,31 @@
-"""A table restore whose records stopped arriving is read again from the offset it reached.
+"""A table restore whose fetched records never reached it is read again from the offset it reached.
 
 Faust restores each active changelog partition up to the high watermark it noted when the
-restore began, and the worker stays unready until every one is there. A record the consumer
-fetched but Faust dropped on its way to the restore (its fetch loop throws a batch away when
-it returns while the flow is stopped, or while a partition is briefly out of its active
-set, and only the input partitions are sought back after that) leaves the consumer's
-position past records the restore never applied: no later record comes to take their place,
-since no one writes a partition while it restores, and the restore waits for good. This was
-seen once on a busy CI machine, on a worker taking over a killed worker's partitions with no
-standby copies: three partitions restored nothing for three minutes while their records sat
-in the log, Faust logging "No event received for active tp ... since recovery start" every
-five seconds.
+restore began, and the worker stays unready until every one is there. Its fetch loop throws
+a batch away when the batch returns while the flow is stopped, and then seeks back only the
+partitions with a committed offset (the inputs), not the changelogs. A recovery seeks its
+changelog partitions and resumes the flow a few event-loop turns later, after its own tasks
+wake up: a batch fetched from the new position in between was dropped, with the consumer's
+position past it. A restore that lost the whole rest of a partition waited for good (a CI run
+saw three partitions restore nothing for three minutes after a kill -9, with no standby
+copies); one that lost only the first batch of a longer partition applied the records after
+it and completed without the keys whose last record was in the batch, their state gone back.
 
-``watch_restores`` checks every CHECK_EVERY_S while a restore runs: an active partition with
-records still to apply whose applied offset has not moved for REREAD_AFTER_S is sought back to
-that offset (Faust's own restore start, which it reads again and skips), in the consumer's
-thread. A restore that makes progress, however slowly, is never touched; a re-read that
-finds the records again costs one fetch. Each re-read is logged and counted
-(``keylane_restore_rereads_total``).
+Two remedies, both here:
+
+* ``restore_positions_after_seek``, run after every seek to committed (Faust's
+  ``perform_seek``, wrapped in service/keylane/kafka/patches.py): each changelog partition a
+  restore still reads (active or standby, with records left to apply) is sought back to the
+  offset the restore applied, read again and skipped as Faust's own restore start is. No
+  batch is fetched while the seek to committed runs, so nothing after the dropped batch was
+  applied yet.
+* ``watch_restores``, a check every CHECK_EVERY_S while a restore runs, for a drop on a path
+  that seeks nothing: an active partition with records to apply whose applied offset has not
+  moved for REREAD_AFTER_S is sought back to that offset. A restore that makes progress,
+  however slowly, is never touched. Each such re-read is logged and counted
+  (``keylane_restore_rereads_total``).
+
+Both seek in the consumer's thread (``seek_wait``).
 """
 
 from __future__ import annotations
@@ -39,6 +47,35 @@ REREAD_AFTER_S = 15.0
 before it is read again (longer than any fetch; Faust warns after 30 s without a record)."""
 
 _WATCH_ATTR = "_keylane_restore_watch"
+
+
+def restore_positions(recovery: Any) -> dict[TP, int]:
+    """Where each changelog partition that ``recovery`` (Faust's Recovery) still restores
+    reads on from: the offset it applied last (read again and skipped), the log start when it
+    applied none."""
+    positions: dict[TP, int] = {}
+    for remaining, offsets, reading in (
+        (recovery.active_remaining(), recovery.active_offsets, recovery.active_tps),
+        (recovery.standby_remaining(), recovery.standby_offsets, recovery.standby_tps),
+    ):
+        for tp, left in remaining.items():
+            if left > 0 and tp in reading:
+                positions[tp] = max(offsets[tp], 0)
+    return positions
+
+
+async def restore_positions_after_seek(consumer: Any) -> None:
+    """After Faust's seek to committed: seek the changelog partitions a restore still reads
+    back to the offsets it applied (module docstring)."""
+    tables = consumer.app.tables
+    if not tables:  # an app without a table restores nothing
+        return
+    assigned = consumer.assignment()
+    positions = {tp: offset for tp, offset in restore_positions(tables.recovery).items() if tp in assigned}
+    if not positions:
+        return
+    await consumer.seek_wait(positions)
+    log.info("positioned %s table restore partitions again, at the offsets they applied", len(positions))
 
 
 class RestoreWatch:

@@ -12,7 +12,7 @@ import faust
 from faust.types import TP
 from prometheus_client import REGISTRY
 
-from keylane.kafka.restore_watch import REREAD_AFTER_S, RestoreWatch
+from keylane.kafka.restore_watch import REREAD_AFTER_S, RestoreWatch, restore_positions_after_seek
 
 CHANGELOG = "app-keylane-state-changelog"
 STALLED, MOVING, DONE = TP(CHANGELOG, 0), TP(CHANGELOG, 1), TP(CHANGELOG, 2)
@@ -72,4 +72,41 @@ async def test_nothing_is_read_again_outside_a_restore() -> None:
     await watch.check(now=REREAD_AFTER_S)
     recovery.in_recovery = True
     await watch.check(now=REREAD_AFTER_S + 1)  # a new restore: its clock starts now
+    assert consumer.seeks == []
+
+
+STANDBY, STANDBY_DONE, NOT_OURS = TP(CHANGELOG, 3), TP(CHANGELOG, 4), TP(CHANGELOG, 5)
+
+
+class AssignedConsumer(SeekingConsumer):
+    def __init__(self, app: Any, assigned: set[TP]) -> None:
+        super().__init__()
+        self.app = app
+        self.assigned = assigned
+
+    def assignment(self) -> set[TP]:
+        return self.assigned
+
+
+async def test_after_a_seek_to_committed_each_restoring_partition_goes_back_to_what_it_applied() -> None:
+    tables = faust.App("restore-positions-test").tables
+    recovery = tables.recovery
+    recovery.active_tps.update({STALLED, MOVING, DONE, NOT_OURS})
+    recovery.active_highwaters.update({STALLED: 9, MOVING: 40, DONE: 3, NOT_OURS: 5})
+    recovery.active_offsets.update({STALLED: -1, MOVING: 10, DONE: 3, NOT_OURS: 0})
+    recovery.standby_tps.update({STANDBY, STANDBY_DONE})
+    recovery.standby_highwaters.update({STANDBY: 7, STANDBY_DONE: 2})
+    recovery.standby_offsets.update({STANDBY: 3, STANDBY_DONE: 2})
+    tables.data[CHANGELOG] = object()  # an app with a table (a TableManager is a dict of them)
+    consumer = AssignedConsumer(
+        SimpleNamespace(tables=tables), {STALLED, MOVING, DONE, STANDBY, STANDBY_DONE}
+    )
+    await restore_positions_after_seek(consumer)
+    # Done partitions stay where they are, and a partition no longer assigned is not sought.
+    assert consumer.seeks == [{STALLED: 0, MOVING: 10, STANDBY: 3}]
+
+
+async def test_an_app_without_tables_seeks_nothing_after_a_seek_to_committed() -> None:
+    consumer = AssignedConsumer(SimpleNamespace(tables=faust.App("no-tables-test").tables), {STALLED})
+    await restore_positions_after_seek(consumer)
     assert consumer.seeks == []
