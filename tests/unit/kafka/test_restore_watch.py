@@ -110,3 +110,18 @@ async def test_an_app_without_tables_seeks_nothing_after_a_seek_to_committed() -
     consumer = AssignedConsumer(SimpleNamespace(tables=faust.App("no-tables-test").tables), {STALLED})
     await restore_positions_after_seek(consumer)
     assert consumer.seeks == []
+
+
+class FailingConsumer(AssignedConsumer):
+    async def seek_wait(self, offsets: dict[TP, int]) -> None:
+        raise RuntimeError("IllegalStateError: the partition is no longer assigned")
+
+
+async def test_a_seek_back_that_fails_does_not_fail_fausts_seek_to_committed() -> None:
+    tables = faust.App("failing-seek-test").tables
+    recovery = tables.recovery
+    recovery.active_tps.add(STALLED)
+    recovery.active_highwaters[STALLED] = 9
+    recovery.active_offsets[STALLED] = 2
+    tables.data[CHANGELOG] = object()
+    await restore_positions_after_seek(FailingConsumer(SimpleNamespace(tables=tables), {STALLED}))
