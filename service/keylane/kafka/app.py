@@ -25,7 +25,7 @@ from keylane import metrics
 from keylane.catalog import EVENTS, Catalog
 from keylane.config import Settings
 from keylane.kafka.delivery import delivery_guard
-from keylane.kafka.patches import deliver_without_tasks, publish_without_stampede
+from keylane.kafka.patches import deliver_without_tasks, publish_without_stampede, start_tables_at_once
 from keylane.kafka.restore_watch import watch_restores
 from keylane.kafka.rocksdb_store import RocksDBStore
 from keylane.kafka.sensors import CommitMonitor, hook_sensors
@@ -91,6 +91,7 @@ def build_app(
     metrics.use_topic_prefix(settings.topic_prefix)
     publish_without_stampede()  # see service/keylane/kafka/patches.py
     deliver_without_tasks()  # likewise
+    start_tables_at_once()  # likewise
     co_partitions = partitions or catalog[EVENTS].partitions
     replication = catalog[EVENTS]  # changelogs replicate like the topics they mirror
     app = faust.App(

@@ -32,8 +32,9 @@ an app's input topics:
   partition over ran its keys on state that went back (found by the pause chaos with paged
   memory). Faust's recovery drops what it has applied already by its own offsets.
 
-Patched on the class, once per process, by ``publish_without_stampede`` and
-``deliver_without_tasks`` (installed by ``build_app``, for every keylane app):
+Patched on the class, once per process, by ``publish_without_stampede``,
+``deliver_without_tasks`` and ``start_tables_at_once`` (installed by ``build_app``, for every
+keylane app):
 
 * ``Topic._get_producer``: Faust asks for its producer on every publish through mode's
   ``stampede`` wrapper, which awaits ``asyncio.sleep(0)`` three times per call even when the
@@ -53,6 +54,13 @@ Patched on the class, once per process, by ``publish_without_stampede`` and
   at once when none of the three events is set: a delivery that ends there needs no task
   and no race. A delivery that waits (a full queue) goes on as a task, raced against the
   same events by Faust's own wait_first, as before. Any other wait_first call is Faust's.
+
+* ``TableManager.on_start``: Faust's table manager sleeps a second before it closes the list
+  of tables and starts their recovery, leaving time for tables defined as the app starts.
+  keylane defines every table before its app starts (a table added later fails loudly:
+  Faust refuses it once the list is closed), so the patch starts at once. The second was
+  part of every worker's and effector's start, and of the time a restarted worker took to
+  be ready again.
 
 Wrapped per app instance (``watch_cleared_queues``, installed by ``guard_offsets``):
 
@@ -123,6 +131,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import faust
+from faust.tables.manager import TableManager
 from faust.topics import Topic as FaustTopic
 from faust.transport.consumer import Consumer as FaustConsumer
 from faust.transport.consumer import ThreadDelegateConsumer, ensure_TP
@@ -146,9 +155,10 @@ PATCHED: tuple[tuple[type, str], ...] = (
     (FaustConsumer, "_drain_messages"),
     (FaustTopic, "_get_producer"),
     (FaustConsumer, "wait_first"),
+    (TableManager, "on_start"),
 )
-"""(class, attribute) of every patch ``wrap_faust_consumer``, ``publish_without_stampede`` and
-``deliver_without_tasks`` install."""
+"""(class, attribute) of every patch ``wrap_faust_consumer``, ``publish_without_stampede``,
+``deliver_without_tasks`` and ``start_tables_at_once`` install."""
 
 
 def check_patchable(targets: Iterable[tuple[type, str]]) -> None:
@@ -187,6 +197,7 @@ class _UnfilteredReadOffsets(defaultdict[Any, int | None]):
 _wrapped = False
 _publishing_patched = False
 _delivery_patched = False
+_tables_patched = False
 
 
 def publish_without_stampede() -> None:
@@ -205,6 +216,21 @@ def publish_without_stampede() -> None:
         return await get_producer(self)
 
     FaustTopic._get_producer = running_producer  # type: ignore[method-assign]
+
+
+def start_tables_at_once() -> None:
+    """Install the ``TableManager.on_start`` patch of the module docstring, once per process."""
+    global _tables_patched
+    if _tables_patched:
+        return
+    _tables_patched = True
+
+    async def start_at_once(self: Any) -> None:
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
+
+    TableManager.on_start = start_at_once  # type: ignore[method-assign]
 
 
 def deliver_without_tasks() -> None:

@@ -174,3 +174,27 @@ async def test_with_the_flow_suspended_already_faust_decides(consumer: Any) -> N
     await asyncio.sleep(0.1)
     assert result.results == [True]
     assert delivered == []  # Faust's race cancelled the delivery
+
+
+async def test_the_table_manager_starts_its_tables_and_their_recovery_without_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The two steps of Faust's own on_start, in its order, without its one-second sleep
+    first (each worker start in the broker tests runs the real ones)."""
+    patches.start_tables_at_once()
+    tables = faust.App("tables-at-once-test").tables
+    steps: list[tuple[str, float]] = []
+    loop = asyncio.get_running_loop()
+
+    async def update_channels() -> None:
+        steps.append(("tables registered", loop.time()))
+
+    async def start_recovery() -> None:
+        steps.append(("recovery started", loop.time()))
+
+    monkeypatch.setattr(tables, "_update_channels", update_channels)
+    monkeypatch.setattr(tables.recovery, "start", start_recovery)
+    began = loop.time()
+    await tables.on_start()
+    assert [step for step, _ in steps] == ["tables registered", "recovery started"]
+    assert steps[-1][1] - began < 0.5
