@@ -58,6 +58,7 @@ from faust.types import TP
 from keylane import metrics
 from keylane.core.lanes import LaneScheduler, WindowHooks
 from keylane.core.offsets import OffsetLedger
+from keylane.core.stillness import Stillness
 from keylane.kafka.app import log_end, readiness, recovery_completed, started_side_consumer
 from keylane.kafka.consumer_lag import LAG_REFRESH_S, CommitSensor, ConsumerLag
 from keylane.kafka.epochs import group_generation
@@ -90,7 +91,7 @@ class OffsetGuard:
         self._probe: AIOKafkaConsumer | None = None
         self._probe_lock = asyncio.Lock()  # the gap check and the stall check share the probe
         self._paused: set[tuple[str, int]] = set()
-        self._quiet: dict[tuple[str, int], tuple[int, float]] = {}
+        self._quiet: Stillness[tuple[str, int]] = Stillness()
         """Per partition with records waiting: its expected offset, and since when it has not moved."""
         self._seeks: set[asyncio.Task[None]] = set()
         self.window_hooks = WindowHooks(full=self.pause, room=self.resume)
@@ -158,7 +159,7 @@ class OffsetGuard:
         self.ledger.revoked(tp)
         self.lag.revoked(tp)
         self._paused.discard(tp)
-        self._quiet.pop(tp, None)
+        self._quiet.forget(tp)
 
     def on_commit(self, consumer: Any) -> None:
         """After a commit: the committed offsets the consumer holds now move the lag gauges.
@@ -346,15 +347,12 @@ class OffsetGuard:
             expected = self.ledger.expected(tp)
             end = log_end(app, *tp)
             if expected is None or end is None or expected >= end or tp in self._paused:
-                self._quiet.pop(tp, None)
+                self._quiet.forget(tp)
                 continue
-            quiet = self._quiet.get(tp)
-            if quiet is None or quiet[0] != expected:
-                self._quiet[tp] = (expected, now)
+            quiet_s = self._quiet.still_for(tp, expected, now)
+            if quiet_s < STALL_REREAD_AFTER_S:
                 continue
-            if now - quiet[1] < STALL_REREAD_AFTER_S:
-                continue
-            self._quiet[tp] = (expected, now)
+            self._quiet.restart(tp, expected, now)
             try:
                 first = await self._first_offset_from(tp, expected)
             except Exception:  # the broker unreachable: the quiet clock restarted, so try again later
@@ -363,7 +361,7 @@ class OffsetGuard:
                     "to check it; checking again in %.0fs",
                     *tp,
                     expected,
-                    now - quiet[1],
+                    quiet_s,
                     STALL_REREAD_AFTER_S,
                     exc_info=True,
                 )
@@ -377,7 +375,7 @@ class OffsetGuard:
                 "re-reading from there",
                 *tp,
                 expected,
-                now - quiet[1],
+                quiet_s,
                 end,
             )
             metrics.STALL_REREADS.labels(metrics.topic_label(tp[0])).inc()

@@ -38,6 +38,7 @@ from typing import Any
 from faust.types import TP
 
 from keylane import metrics
+from keylane.core.stillness import Stillness
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class RestoreWatch:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self._still: dict[TP, tuple[int, float]] = {}
+        self._still: Stillness[TP] = Stillness()
         """Per active partition with records to apply: the offset it had applied, and since when."""
         self._running = False
 
@@ -116,18 +117,13 @@ class RestoreWatch:
         now = time.monotonic() if now is None else now
         remaining = recovery.active_remaining()
         waiting = {tp for tp, count in remaining.items() if count > 0}
-        for tp in list(self._still):
-            if tp not in waiting:
-                del self._still[tp]
+        self._still.keep_only(waiting)
         for tp in waiting:
             applied = recovery.active_offsets[tp]
-            still = self._still.get(tp)
-            if still is None or still[0] != applied:
-                self._still[tp] = (applied, now)
+            still_s = self._still.still_for(tp, applied, now)
+            if still_s < REREAD_AFTER_S:
                 continue
-            if now - still[1] < REREAD_AFTER_S:
-                continue
-            self._still[tp] = (applied, now)
+            self._still.restart(tp, applied, now)
             # Faust's restore start: the last offset applied, read again and skipped (-1: none yet).
             start = max(applied, 0)
             log.warning(
@@ -135,7 +131,7 @@ class RestoreWatch:
                 "(applied up to offset %s, the log ends at %s); reading again from offset %s",
                 tp.topic,
                 tp.partition,
-                now - still[1],
+                still_s,
                 remaining[tp],
                 applied,
                 recovery.active_highwaters.get(tp),
