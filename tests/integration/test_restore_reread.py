@@ -5,7 +5,7 @@ A worker counts events per key in memory and stops (a clean stop: after a kill -
 worker would run the inputs the first had not committed again, and their activations would
 write back what a lossy restore lost). A second worker, on an empty volume, restores the
 table from the changelog, and the records of each partition's first fetch never reach its
-restore (tests/agents/restore_drop.py):
+restore (tests/integration/drop_restore_probe.py):
 
 * dropped the way Faust's fetch loop drops a batch that returns while its flow is stopped
   (then it seeks to committed), in fetches of 5 records: without the seek back of the restore's
@@ -26,7 +26,7 @@ from keylane.catalog import EVENTS, OUTPUT, Catalog
 from keylane.config import Settings
 from keylane.kafka.topic_reader import read_to_end
 from keylane.wire import AgentEnvelope, encode
-from tests.agents.restore_drop import RESTORE_DROP_LINE
+from tests.integration.drop_restore_probe import RESTORE_DROP_LINE
 from tests.kafka_io import produce
 from tests.processes import KeylaneProcess, process_env, running
 
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.kafka
 KEYS = [f"restored-{i}".encode() for i in range(24)]
 BUSY = KEYS[:6]
 BUSY_EVENTS = 12
-AGENT = "tests.agents.restore_drop:agent"
+AGENT = "tests.agents.tally:agent"
 RESTORE_REREAD_LINE = "the table restore applied nothing"
 RESTORE_POSITIONED_LINE = "table restore partitions again, at the offsets they applied"
 
@@ -80,6 +80,7 @@ async def run_restore(
         ["worker", "--agent", AGENT],
         process_env(settings, KEYLANE_DATA_DIR=str(tmp_path / "second"), **fault),
         tmp_path / "second.log",
+        module="tests.integration.drop_restore_probe",
     )
     with running(second):
         await produce(settings, catalog.name(EVENTS), [(key, event) for key in KEYS])
