@@ -50,10 +50,16 @@ before it is read again (longer than any fetch; Faust warns after 30 s without a
 _WATCH_ATTR = "_keylane_restore_watch"
 
 
+def restore_start(applied: int) -> int:
+    """Where Faust's restore of a partition reads from, given the offset it applied last: that
+    offset, read again and skipped (Faust's own restore start), or the log start when it
+    applied none (-1)."""
+    return max(applied, 0)
+
+
 def restore_positions(recovery: Any) -> dict[TP, int]:
     """Where each changelog partition that ``recovery`` (Faust's Recovery) still restores
-    reads on from: the offset it applied last (read again and skipped), the log start when it
-    applied none."""
+    reads on from (``restore_start``)."""
     positions: dict[TP, int] = {}
     for remaining, offsets, reading in (
         (recovery.active_remaining(), recovery.active_offsets, recovery.active_tps),
@@ -61,7 +67,7 @@ def restore_positions(recovery: Any) -> dict[TP, int]:
     ):
         for tp, left in remaining.items():
             if left > 0 and tp in reading:
-                positions[tp] = max(offsets[tp], 0)
+                positions[tp] = restore_start(offsets[tp])
     return positions
 
 
@@ -124,8 +130,7 @@ class RestoreWatch:
             if still_s < REREAD_AFTER_S:
                 continue
             self._still.restart(tp, applied, now)
-            # Faust's restore start: the last offset applied, read again and skipped (-1: none yet).
-            start = max(applied, 0)
+            start = restore_start(applied)
             log.warning(
                 "%s/%s: the table restore applied nothing for %.0fs with %s records to go "
                 "(applied up to offset %s, the log ends at %s); reading again from offset %s",
