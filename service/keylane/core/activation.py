@@ -64,7 +64,7 @@ from keylane.catalog import (
     TIMERS,
 )
 from keylane.clock import Clock, wall_clock_ms
-from keylane.core.deadlines import ActivationDeadlines
+from keylane.core.deadlines import ActivationDeadline, ActivationDeadlines, Awaiting, first_step
 from keylane.core.outbox import (
     Deliveries,
     applied_offset,
@@ -476,16 +476,20 @@ class KeyRuntime:
         timeout_s = self.config.activation_timeout_s
         # Provider retries never wait past the activation's own deadline.
         deadline_token = CALL_DEADLINE.set(time.monotonic() + timeout_s)
+        deadline: ActivationDeadline | None = None
         try:
-            with self.deadlines.timeout() as deadline:
-                outcome = await self.agent(ctx)
-                ctx.check_budget()  # an agent that caught BudgetExceeded still does not commit
+            # An agent that finishes without waiting cannot time out (first_step).
+            outcome = first_step(self.agent(ctx))
+            if type(outcome) is Awaiting:
+                with self.deadlines.timeout(elapsed_s=time.perf_counter() - started) as deadline:
+                    outcome = await outcome
+            ctx.check_budget()  # an agent that caught BudgetExceeded still does not commit
         except BudgetExceeded as exc:
             metrics.ACTIVATION_SECONDS.observe(time.perf_counter() - started)
             raise ActivationFailed("budget_exceeded", str(exc)) from None
         except TimeoutError:
             metrics.ACTIVATION_SECONDS.observe(time.perf_counter() - started)
-            if deadline.expired():
+            if deadline is not None and deadline.expired():
                 raise ActivationFailed(
                     "activation_timeout", f"activation exceeded {timeout_s}s at step {ctx.step_index}"
                 ) from None

@@ -15,12 +15,22 @@ next oldest.
 
 The block is a plain ``with``: asyncio.Timeout's ``async with`` made four coroutines per
 activation (its own enter and exit, and a wrapper's), 2-3 µs of a suspension round trip.
+
+An activation that never waits needs no deadline at all: no timer can interrupt code that
+does not yield to the loop, so ``asyncio.timeout`` could not have fired inside it either.
+``first_step`` runs an agent's coroutine up to its first wait (a model call, a tool, a
+sleep); one that finishes before it (a suspension that stages an intent, a replay-cache hit,
+a resume that completes) is done without the block. One that waits hands back the rest of its
+run (``Awaiting``), which the caller awaits inside the block, entered with the time the first
+step took already spent (``timeout(elapsed_s=...)``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from types import TracebackType
+from collections.abc import Awaitable, Coroutine, Generator
+from types import CoroutineType, TracebackType
+from typing import Any, cast
 
 
 class ActivationDeadline:
@@ -28,11 +38,12 @@ class ActivationDeadline:
     Expiring it cancels the task; the exit turns that cancellation, and only that one, into
     ``TimeoutError`` (asyncio.Timeout's rule: a cancellation from outside stays one)."""
 
-    __slots__ = ("_cancelling", "_expired", "_task", "_watch")
+    __slots__ = ("_cancelling", "_elapsed_s", "_expired", "_task", "_watch")
 
-    def __init__(self, watch: ActivationDeadlines) -> None:
+    def __init__(self, watch: ActivationDeadlines, elapsed_s: float) -> None:
         self._watch = watch
         self._expired = False
+        self._elapsed_s = elapsed_s
 
     def __enter__(self) -> ActivationDeadline:
         task = asyncio.current_task()
@@ -72,10 +83,10 @@ class ActivationDeadlines:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
 
-    def timeout(self) -> ActivationDeadline:
+    def timeout(self, *, elapsed_s: float = 0.0) -> ActivationDeadline:
         """``with deadlines.timeout() as deadline:`` inside a task, like ``async with
-        asyncio.timeout(timeout_s)``."""
-        return ActivationDeadline(self)
+        asyncio.timeout(timeout_s)``; ``elapsed_s`` of the timeout already spent."""
+        return ActivationDeadline(self, elapsed_s)
 
     def __len__(self) -> int:
         return len(self._running)
@@ -88,7 +99,9 @@ class ActivationDeadlines:
                 self._timer.cancel()
             self._running.clear()
             self._loop, self._timer = loop, None
-        due = loop.time() + self.timeout_s
+        # Start order is still due order: an activation's first step runs to its end (and its
+        # block's entry) before any other activation can start.
+        due = loop.time() + self.timeout_s - deadline._elapsed_s
         self._running[deadline] = due
         if self._timer is None:
             self._timer = loop.call_at(due, self._expire)
@@ -109,3 +122,52 @@ class ActivationDeadlines:
                 return
             del self._running[deadline]
             deadline._expire()
+
+
+class Awaiting:
+    """The rest of a coroutine whose first step yielded ``first`` to the loop: awaiting this
+    hands ``first`` to the task, then drives the coroutine as the task would, each resumption
+    and each exception thrown in (a cancellation) passed on, and returns what it returns."""
+
+    __slots__ = ("_coro", "_first")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
+        self._coro = coro
+        self._first = first
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        coro, yielded = self._coro, self._first
+        while True:
+            try:
+                yield yielded
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # noqa: BLE001 - a cancellation, or any throw, goes to the coroutine
+                try:
+                    yielded = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+                continue
+            try:
+                yielded = coro.send(None)
+            except StopIteration as done:
+                return done.value
+
+
+def first_step(awaitable: Awaitable[Any]) -> Any:
+    """What ``awaitable`` returns when it finishes without waiting (its exception, when it
+    raises), else an ``Awaiting`` of the rest. An awaitable that is not a coroutine (a
+    Future, an object with ``__await__``) is stepped inside one."""
+    coro = (
+        cast(Coroutine[Any, Any, Any], awaitable) if type(awaitable) is CoroutineType else _awaited(awaitable)
+    )
+    try:
+        first = coro.send(None)
+    except StopIteration as done:
+        return done.value
+    return Awaiting(coro, first)
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
