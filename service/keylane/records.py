@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import cached_property
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar, overload
 
 from msgspec.structs import replace as replace_struct
 
@@ -24,6 +24,9 @@ OrphanDetail = Literal[
 ]
 """Why an ``orphaned_result`` found no continuation to resume: the first word of its detail,
 and its metric's label."""
+
+_Owner = TypeVar("_Owner")
+_Value = TypeVar("_Value")
 
 ID_HEADER = "keylane.id"
 """The header carrying a published record's deterministic id (an Emit's ``record_id``)."""
@@ -97,6 +100,31 @@ def origin_header(message: Any) -> tuple[str, bytes]:
     return ORIGIN_HEADER, f"{topic}/{partition}/{offset}".encode()
 
 
+class _computed_once(Generic[_Owner, _Value]):
+    """``functools.cached_property`` without its lock (Python 3.11 takes one on every first
+    read, a microsecond of each input's commit): the value goes in the instance's ``__dict__``,
+    which later reads find first. For objects of one thread, the event loop's."""
+
+    def __init__(self, compute: Callable[[_Owner], _Value]) -> None:
+        self._compute = compute
+        self._name = compute.__name__
+        self.__doc__ = compute.__doc__
+
+    @overload
+    def __get__(self, instance: None, owner: type[_Owner]) -> _computed_once[_Owner, _Value]: ...
+
+    @overload
+    def __get__(self, instance: _Owner, owner: type[_Owner]) -> _Value: ...
+
+    def __get__(
+        self, instance: _Owner | None, owner: type[_Owner]
+    ) -> _Value | _computed_once[_Owner, _Value]:
+        if instance is None:
+            return self
+        value = instance.__dict__[self._name] = self._compute(instance)
+        return value
+
+
 @dataclass(frozen=True, kw_only=True)
 class InputRecord:
     """One record from an input topic, as the broker delivered it."""
@@ -136,7 +164,7 @@ class InputRecord:
             redrive=redrive_of(headers),
         )
 
-    @cached_property
+    @_computed_once
     def identity(self) -> tuple[str, int]:
         """(stream, offset): what makes this record one input, whichever copy of it this is.
 

@@ -130,7 +130,7 @@ RECORD_OVERHEAD_BYTES = 1024
 batch header (61 bytes), the record's own overhead (at most 21) and headers, with room."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Decision:
     """What to do for one input: write ``new_state`` (if not None), then publish ``emits``."""
 
@@ -157,7 +157,7 @@ class ActivationFailed(KeylaneError):
         self.detail = detail
 
 
-@dataclass
+@dataclass(slots=True)
 class _Committed:
     state: KeyState
     emits: list[Emit]
@@ -201,6 +201,10 @@ class KeyRuntime:
         self.deliveries = Deliveries()
         self.quarantine = Quarantine()
         self.deadlines = ActivationDeadlines(config.activation_timeout_s)
+        self._activations = {
+            False: metrics.child(metrics.ACTIVATIONS, "start"),
+            True: metrics.child(metrics.ACTIVATIONS, "resume"),
+        }
 
     def on_published(self, record_id: str) -> None:
         """A record was handed to the producer; its outbox entry stays until delivery."""
@@ -567,7 +571,7 @@ class KeyRuntime:
             emits.append(Emit(record_id=ids.output_id(key, seq), topic=OUTPUT, key=key, value=outcome.output))
 
         memory_blob = ctx.memory.to_blob()
-        metrics.child(metrics.ACTIVATIONS, "resume" if resume is not None else "start").inc()
+        self._activations[resume is not None].inc()
         metrics.ACTIVATION_SECONDS.observe(wall_s)
         metrics.OVERHEAD_SECONDS.observe(max(0.0, wall_s - ctx.stats.llm_s - ctx.stats.tool_s))
         metrics.MEMORY_BYTES.observe(ctx.memory.total_bytes)
@@ -873,7 +877,8 @@ class KeyRuntime:
         """The decision writing ``sealed`` (``staged`` sealed) in place of ``before``."""
         state, blob = sealed.state, sealed.blob
         # Delivered ids are forgotten only once the outbox that held them is replaced.
-        self.deliveries.forget(before.outbox)
+        if before.outbox:
+            self.deliveries.forget(before.outbox)
         trimmed = len(staged.llm_cache) - len(state.llm_cache)
         if trimmed:
             metrics.STATE_CACHE_TRIMMED.inc(trimmed)
@@ -904,7 +909,7 @@ class KeyRuntime:
             _owned(state, record),
             applied=applied_with(state, record),
             outbox=staged(state, record, emits, self.deliveries),
-            buffered=[*state.buffered, *extra_buffered],
+            buffered=[*state.buffered, *extra_buffered] if extra_buffered else state.buffered,
         )
         return arm(advanced, ttl_ms=self.config.ttl_ms, now_ms=self.clock())
 

@@ -98,7 +98,9 @@ def applied_offset(state: KeyState, record: InputRecord) -> int | None:
 def applied_with(state: KeyState, record: InputRecord) -> dict[str, int]:
     """``state.applied`` with ``record`` applied (replacing a pre-stream entry of its topic)."""
     stream, offset = record.identity
-    applied = {k: v for k, v in state.applied.items() if record.origin is not None or k != record.topic}
+    applied = dict(state.applied)
+    if record.origin is None:
+        applied.pop(record.topic, None)
     applied[stream] = offset
     return applied
 

@@ -414,15 +414,17 @@ def seal(state: KeyState, limit: int, *, round_trips: bool = False) -> Sealed | 
     """
     if isinstance(state, PagedKeyState) and not state.memory.entries:
         state = unpaged(state)
-    blob = encode_state(state)
+    written = _as_written(state)
+    blob = _encoder.encode(written)
     if len(blob) > PAGED_FROM_BYTES and not isinstance(state, PagedKeyState):
         size = memory_bytes(state.memory)
         if size >= PAGED_FROM_BYTES:
             _readable(blob)  # the memory as it was staged, values included, reads back
             state = paged(state, new_layout(buckets_for(size, len(state.memory.entries)), size))
-            blob = encode_state(state)
+            written = _as_written(state)
+            blob = _encoder.encode(written)
     if len(blob) <= limit:
-        return _sealed(state, blob, round_trips)
+        return _sealed(state, blob, round_trips, written)
     cache = list(state.llm_cache)  # most recently used last
     excess = len(blob) - limit
     while cache:
@@ -431,15 +433,16 @@ def seal(state: KeyState, limit: int, *, round_trips: bool = False) -> Sealed | 
         blob = encode_state(msgspec.structs.replace(state, llm_cache=cache))
         excess = len(blob) - limit
         if excess <= 0:
-            return _sealed(msgspec.structs.replace(state, llm_cache=cache), blob, round_trips)
+            trimmed = msgspec.structs.replace(state, llm_cache=cache)
+            return _sealed(trimmed, blob, round_trips, _as_written(trimmed))
     return None
 
 
-def _sealed(state: KeyState, blob: bytes, round_trips: bool) -> Sealed:
+def _sealed(state: KeyState, blob: bytes, round_trips: bool, readback: KeyState) -> Sealed:
+    """``state`` sealed as ``blob``, encoded from ``readback`` (``_as_written(state)``)."""
     paged = isinstance(state, PagedKeyState)
     if not round_trips:
         return Sealed(state, blob, _readable(blob, paged=paged))
-    readback = _as_written(state)
     if CHECK_ROUND_TRIPS and (decoded := _readable(blob, paged=paged)) != readback:
         raise AssertionError(f"a state sealed as round-tripping decodes otherwise:\n{readback}\n{decoded}")
     return Sealed(state, blob, readback)

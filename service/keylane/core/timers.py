@@ -121,10 +121,11 @@ class TimerIndex:
             self._paused.discard(key)
         # A paused key's timers wait for its resume, which arms them again.
         timers = dict(state.timers) if state is not None and state.paused is None else {}
-        for kind, old in self._by_key.get(key, {}).items():
-            if timers.get(kind) != old:
-                self._sent.pop((key, old.token), None)
         previous = self._by_key.get(key, {})
+        if self._sent:  # most commits find no timer sent: nothing to forget
+            for kind, old in previous.items():
+                if timers.get(kind) != old:
+                    self._sent.pop((key, old.token), None)
         if timers:
             self._by_key[key] = timers
             for kind, timer in timers.items():
