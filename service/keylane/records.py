@@ -10,9 +10,9 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from typing import Any, Generic, Literal, TypeVar, overload
 
+import msgspec
 from msgspec.structs import replace as replace_struct
 
 from keylane import ids
@@ -102,8 +102,9 @@ def origin_header(message: Any) -> tuple[str, bytes]:
 
 class _computed_once(Generic[_Owner, _Value]):
     """``functools.cached_property`` without its lock (Python 3.11 takes one on every first
-    read, a microsecond of each input's commit): the value goes in the instance's ``__dict__``,
-    which later reads find first. For objects of one thread, the event loop's."""
+    read, a microsecond of each input's commit), and for a frozen Struct with a ``__dict__``:
+    the value goes in the instance's ``__dict__``, which later reads find first. For objects
+    of one thread, the event loop's."""
 
     def __init__(self, compute: Callable[[_Owner], _Value]) -> None:
         self._compute = compute
@@ -125,9 +126,11 @@ class _computed_once(Generic[_Owner, _Value]):
         return value
 
 
-@dataclass(frozen=True, kw_only=True)
-class InputRecord:
-    """One record from an input topic, as the broker delivered it."""
+class InputRecord(msgspec.Struct, frozen=True, kw_only=True, dict=True):
+    """One record from an input topic, as the broker delivered it.
+
+    A frozen Struct, as ``Emit`` (one per input), with a ``__dict__`` for ``identity`` alone;
+    ``msgspec.structs.replace`` makes a changed copy."""
 
     topic: str  # logical catalog name
     broker_topic: str
@@ -177,9 +180,11 @@ class InputRecord:
         return f"{topic}/{partition}", offset
 
 
-@dataclass(frozen=True, kw_only=True)
-class Emit:
-    """A record to publish, with a deterministic id (sent as the ``keylane.id`` header)."""
+class Emit(msgspec.Struct, frozen=True, kw_only=True):
+    """A record to publish, with a deterministic id (sent as the ``keylane.id`` header).
+
+    A frozen Struct rather than a frozen dataclass: every activation makes one or more, and a
+    frozen dataclass sets each field through ``object.__setattr__`` (ten times the cost)."""
 
     record_id: str
     topic: str  # logical catalog name
@@ -309,7 +314,7 @@ def shrunk_error(emit: Emit, *, size: int, limit: int) -> Emit:
         record_bytes=size,
         limit_bytes=limit,
     )
-    return replace(emit, key=_bounded_key(emit.key), value=encode(small))
+    return replace_struct(emit, key=_bounded_key(emit.key), value=encode(small))
 
 
 def _unb64(text: str | None) -> bytes | None:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from msgspec.structs import replace as struct_replace
@@ -505,7 +505,7 @@ class KeyRuntime:
             raise ActivationFailed("activation_error", f"{exc!r} failed_at_step={ctx.step_index}") from exc
         finally:
             CALL_DEADLINE.reset(deadline_token)
-        if not isinstance(outcome, Complete | Suspend):
+        if not isinstance(outcome, (Complete, Suspend)):  # a tuple is a constant; a union is built per call
             raise ActivationFailed(
                 "activation_error", f"agent returned {type(outcome).__name__}, expected Complete or Suspend"
             )
@@ -526,17 +526,21 @@ class KeyRuntime:
         settled = [resume.intent_id] if resume is not None else []
         if resume is not None:
             pending.pop(resume.intent_id, None)
-        staged = [*ctx.intents, *(a.intent for a in ctx.approvals)]
+        staged = [*ctx.intents, *(a.intent for a in ctx.approvals)] if ctx.approvals else ctx.intents
         for intent in staged:
             kind: IntentKind = "approval" if any(a.intent is intent for a in ctx.approvals) else "tool"
             pending[intent.intent_id] = PendingIntent(
                 intent_id=intent.intent_id, tool=intent.tool, kind=kind, expires_at_ms=intent.expires_at_ms
             )
         continuation: Continuation | None = None
-        emits: list[Emit] = [
-            Emit(record_id=i.intent_id, topic=INTENTS, key=key, value=encode(self.keyring.sign(i)))
-            for i in ctx.intents
-        ]
+        emits: list[Emit] = (
+            [
+                Emit(record_id=i.intent_id, topic=INTENTS, key=key, value=encode(self.keyring.sign(i)))
+                for i in ctx.intents
+            ]
+            if ctx.intents
+            else []
+        )
         if isinstance(outcome, Suspend):
             wait_ms = outcome.timeout_ms or self.config.hitl_policy.timeout_ms
             deadline_ms = min([now + wait_ms, *(i.expires_at_ms for i in staged)])
@@ -567,7 +571,8 @@ class KeyRuntime:
             pending = {}
             # Fire-and-forget intents, and those the agent stopped waiting for: their results
             # are expected and acknowledged, not dead-lettered.
-            settled += [*still_waiting, *(i.intent_id for i in ctx.intents)]
+            if still_waiting or ctx.intents:
+                settled += [*still_waiting, *(i.intent_id for i in ctx.intents)]
             emits.append(Emit(record_id=ids.output_id(key, seq), topic=OUTPUT, key=key, value=outcome.output))
 
         memory_blob = ctx.memory.to_blob()
@@ -773,7 +778,7 @@ class KeyRuntime:
         current = struct_replace(state, paused=None, held=[])
         emits: list[Emit] = []
         for waiting in state.held:
-            origin = replace(waiting.input_record(key), epoch=record.epoch)
+            origin = struct_replace(waiting.input_record(key), epoch=record.epoch)
             try:
                 parsed = self._parse(origin, key_text)
                 decision = await self._dispatch(origin, parsed, current, key, key_text)
@@ -929,7 +934,7 @@ class KeyRuntime:
     def _orphan(self, record: InputRecord, why: OrphanDetail, intent_id: str, entity_key: str) -> Emit:
         detail = f"{why}:{intent_id}" if why == "intent_expired" else why
         emit = self._error(record, "orphaned_result", detail, entity_key=entity_key, intent_id=intent_id)
-        return replace(emit, error_reason=None, orphan_detail=why)
+        return struct_replace(emit, error_reason=None, orphan_detail=why)
 
 
 def _owned(state: KeyState, record: InputRecord) -> KeyState:

@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from functools import partial
 from typing import Any
+
+from msgspec.structs import replace
 
 from keylane import metrics
 from keylane.authoring.api import AgentConfig

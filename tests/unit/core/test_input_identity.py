@@ -7,10 +7,10 @@ Each test here failed on the runtime that recognised repeats by offset alone.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from types import SimpleNamespace
 
 import msgspec
+from msgspec.structs import replace
 
 from keylane import metrics
 from keylane.authoring.api import AgentConfig, Complete, Suspend

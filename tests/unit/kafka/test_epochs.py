@@ -4,9 +4,10 @@ and remembers it for the owner to write over."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
+
+from msgspec.structs import replace
 
 from keylane.authoring.api import AgentConfig, Complete
 from keylane.authoring.context import ActivationContext
