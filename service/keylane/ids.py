@@ -19,14 +19,17 @@ NAMESPACE = uuid.UUID("a3d7c2e4-5b1f-4c8e-9e62-0f4b7d19c5a8")
 _NAMESPACE_BYTES = NAMESPACE.bytes
 
 
+_VARIANT_DIGIT = {digit: f"{(int(digit, 16) & 0x3) | 0x8:x}" for digit in "0123456789abcdef"}
+"""The hex digit after the RFC 4122 variant's two bits (10) replace a digit's top two."""
+
+
 def uuid5(name: str) -> str:
     """``str(uuid.uuid5(NAMESPACE, name))``."""
     # SHA-1 is what RFC 4122 prescribes for version 5; it names, it does not protect.
-    digest = bytearray(sha1(_NAMESPACE_BYTES + name.encode()).digest()[:16])
-    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
-    digest[8] = (digest[8] & 0x3F) | 0x80  # the RFC 4122 variant
-    text = digest.hex()
-    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+    text = sha1(_NAMESPACE_BYTES + name.encode()).hexdigest()
+    # The first 16 bytes, with the version (5) for the 13th hex digit and the variant's bits
+    # in the 17th.
+    return f"{text[:8]}-{text[8:12]}-5{text[13:16]}-{_VARIANT_DIGIT[text[16]]}{text[17:20]}-{text[20:32]}"
 
 
 def intent_id(entity_key: bytes, seq: int, step_index: int) -> str:

@@ -306,13 +306,14 @@ class KeyRuntime:
             )
 
         kind = "approval" if isinstance(parsed, Approval) else "result"
-        mode = self.approval_signatures if isinstance(parsed, Approval) else self.result_signatures
-        reason: ErrorReason = "unsigned_approval" if kind == "approval" else "unsigned_result"
-        refused = self._unsigned(
-            record, parsed, mode, kind, reason, f"{kind} for {parsed.intent_id}", key_text
-        )
-        if refused is not None:
-            return refused
+        mode = self.approval_signatures if kind == "approval" else self.result_signatures
+        if mode != "off":
+            reason: ErrorReason = "unsigned_approval" if kind == "approval" else "unsigned_result"
+            refused = self._unsigned(
+                record, parsed, mode, kind, reason, f"{kind} for {parsed.intent_id}", key_text
+            )
+            if refused is not None:
+                return refused
         orphan = self._admission(state, parsed)
         if orphan == UNAWAITED:
             metrics.UNAWAITED_RESULTS.labels(kind).inc()

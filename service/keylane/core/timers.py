@@ -117,7 +117,7 @@ class TimerIndex:
         self._set_waiting(key, waiting_for(state))
         if state is not None and state.paused is not None:
             self._paused.add(key)
-        else:
+        elif self._paused:
             self._paused.discard(key)
         # A paused key's timers wait for its resume, which arms them again.
         timers = dict(state.timers) if state is not None and state.paused is None else {}
