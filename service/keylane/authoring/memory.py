@@ -96,7 +96,7 @@ class Memory:
         # entry would encode all of it on every activation.
         self._sizes: dict[str, int] = {}
         if total_bytes is None:
-            total_bytes = sum(self._size_of(key) for key in self._entries)
+            total_bytes = sum(self._size_of(key) for key in self._entries) if self._entries else 0
         self._total = total_bytes
         self._now_ms = now_ms
         self._hard_cap = hard_cap_bytes

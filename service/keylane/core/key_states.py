@@ -148,7 +148,7 @@ class KeyStates:
         changed, then its record. With ``unpages`` (a paged key whose memory emptied), the
         pages the committed record names are emptied after the new record. Returns the bytes
         written."""
-        written = self._empty_left_pages(key, state.epoch)
+        written = self._empty_left_pages(key, state.epoch) if self._left else 0
         self._forget_decoded(key)
         if not isinstance(state, PagedKeyState):
             dropped = self._committed_layout(key) if unpages else None
@@ -159,7 +159,8 @@ class KeyStates:
             elif readback is not None:
                 self._keep_decoded(key, record, readback)
             self._put(key, record)
-            self._forget(key)
+            if self._kept:
+                self._forget(key)
             written += len(record)
             if dropped is not None:
                 written += self._empty_pages(key, dropped.buckets, state.epoch)
