@@ -430,11 +430,12 @@ def seal(state: KeyState, limit: int, *, round_trips: bool = False) -> Sealed | 
     while cache:
         while cache and excess > 0:  # entry sizes are estimates: drop what they say, then measure
             excess -= cache.pop(0).size or 1
-        blob = encode_state(msgspec.structs.replace(state, llm_cache=cache))
+        trimmed = msgspec.structs.replace(state, llm_cache=cache)
+        written = _as_written(trimmed)
+        blob = _encoder.encode(written)
         excess = len(blob) - limit
         if excess <= 0:
-            trimmed = msgspec.structs.replace(state, llm_cache=cache)
-            return _sealed(trimmed, blob, round_trips, _as_written(trimmed))
+            return _sealed(trimmed, blob, round_trips, written)
     return None
 
 
