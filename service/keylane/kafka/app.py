@@ -25,6 +25,7 @@ from keylane import metrics
 from keylane.catalog import EVENTS, Catalog
 from keylane.config import Settings
 from keylane.kafka.delivery import delivery_guard
+from keylane.kafka.partitioner import KeptHashPartitioner
 from keylane.kafka.patches import deliver_without_tasks, publish_without_stampede, start_tables_at_once
 from keylane.kafka.restore_watch import watch_restores
 from keylane.kafka.rocksdb_store import RocksDBStore
@@ -105,6 +106,7 @@ def build_app(
         producer_acks=ACKS_ALL,
         producer_max_request_size=max_request_bytes(catalog),
         producer_request_timeout=PRODUCE_TIMEOUT_S,
+        producer_partitioner=KeptHashPartitioner(),  # murmur2, as Faust's default
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
         consumer_group_instance_id=settings.group_instance_id,  # static membership when set

@@ -39,8 +39,14 @@ class Handoffs:
         """Records handed to ``topic``'s producer (a ConfirmedTopic's, or a changelog's)."""
         handoffs = self
 
-        class Producer:
-            async def send(self, name: str, key: Any, value: Any, partition: int | None, *rest: Any) -> Any:
+        class Producer:  # Faust's, as keylane uses it: its app and aiokafka's send
+            app = topic.app
+            allow_headers = True
+
+            def _ensure_producer(self) -> Any:
+                return self
+
+            async def send(self, name: str, value: Any, *, partition: int | None, **rest: Any) -> Any:
                 handoffs.published.append((name, value))
                 handoffs.partitions.append(partition)
                 delivery = asyncio.get_running_loop().create_future()
@@ -222,7 +228,15 @@ async def test_a_changelog_record_the_producer_refuses_to_take_fails_its_unit_of
     app.crash = crash  # type: ignore[method-assign]
 
     class ClosedProducer:
-        async def send(self, *args: Any) -> Any:
+        allow_headers = True
+
+        def __init__(self) -> None:
+            self.app = app
+
+        def _ensure_producer(self) -> Any:
+            return self
+
+        async def send(self, *args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("the producer is closed")
 
     async def get_producer() -> Any:

@@ -19,12 +19,31 @@ from keylane.kafka.publish import raw_topic
 
 
 class RecordingProducer:
-    def __init__(self) -> None:
+    """Faust's producer as keylane uses it (its app, ``allow_headers`` and the aiokafka
+    producer ``_ensure_producer`` gives), recording each aiokafka ``send`` as (topic, key,
+    value, partition, timestamp_ms, headers)."""
+
+    allow_headers = True
+
+    def __init__(self, app: faust.App) -> None:
+        self.app = app
         self.sent: list[tuple[Any, ...]] = []
         self.deliveries: list[asyncio.Future[Any]] = []
 
-    async def send(self, *args: Any) -> asyncio.Future[Any]:
-        self.sent.append(args)
+    def _ensure_producer(self) -> RecordingProducer:
+        return self
+
+    async def send(
+        self,
+        topic: str,
+        value: Any,
+        *,
+        key: Any = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        headers: Any = None,
+    ) -> asyncio.Future[Any]:
+        self.sent.append((topic, key, value, partition, timestamp_ms, headers))
         delivery: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.deliveries.append(delivery)
         return delivery
@@ -41,7 +60,7 @@ def app(catalog: Catalog, tmp_path: Any) -> faust.App:
 
 
 def recorded(topic: Any) -> RecordingProducer:
-    producer = RecordingProducer()
+    producer = RecordingProducer(topic.app)
 
     async def get_producer() -> RecordingProducer:
         return producer
@@ -59,6 +78,28 @@ async def test_the_record_reaches_the_producer_as_given(app: faust.App, catalog:
     assert producer.sent == [
         (catalog.name(OUTPUT), b"k", b"v", 2, None, headers),
         (catalog.name(OUTPUT), None, b"no key", None, None, None),
+    ]
+
+
+async def test_headers_and_timestamp_reach_aiokafka_as_faust_would_pass_them(
+    app: faust.App, catalog: Catalog
+) -> None:
+    topic = raw_topic(app, catalog.name(OUTPUT))
+    producer = recorded(topic)
+    produced: list[dict[str, Any]] = []
+    app.on_produce_message.connect(lambda sender, **message: produced.append(message), weak=False)
+    await topic.send(key=b"k", value=b"v", timestamp=1.5, headers={"keylane.id": b"id-1"})
+    producer.allow_headers = False  # a broker older than 0.11 (Faust's api_version)
+    await topic.send(key=b"k", value=b"w", headers=[("keylane.id", b"id-2")])
+    name = catalog.name(OUTPUT)
+    assert producer.sent == [
+        (name, b"k", b"v", None, 1500, [("keylane.id", b"id-1")]),
+        (name, b"k", b"w", None, None, None),
+    ]
+    # Faust's on_produce_message, with what Faust's own send passes it
+    assert [(m["key"], m["value"], m["timestamp"], m["headers"]) for m in produced] == [
+        (b"k", b"v", 1.5, {"keylane.id": b"id-1"}),
+        (b"k", b"w", None, [("keylane.id", b"id-2")]),
     ]
 
 
