@@ -20,7 +20,7 @@ from keylane.authoring.memory import Memory
 from keylane.authoring.ratelimit import ProviderLimiter
 from keylane.authoring.tools import ToolRegistry, ToolSpec, UnknownTool
 from keylane.errors import KeylaneError
-from keylane.llm.types import LlmRequest, LlmResponse, Provider, cache_key, provider_name, requested_model
+from keylane.llm.types import LlmRequest, LlmResponse, Provider, provider_name, request_scope, requested_model
 from keylane.wire import Approval, ToolIntent, ToolResult
 
 
@@ -39,14 +39,14 @@ class ToolMisuse(KeylaneError):
 class ResponseCache(Protocol):
     """What ``call_model`` needs of the key's replay cache: the runtime passes the key's
     staged LLM_CACHE cell (keylane.core.replay_cache.ReplayCache) and commits it with the
-    activation."""
+    activation. A call is named by its ``request_scope`` (keylane.llm.types)."""
 
-    def get(self, cache_key: str, *, now_ms: int) -> LlmResponse | None:
-        """The response this activation already got for ``cache_key``, or None."""
+    def lookup(self, scope: bytes, *, now_ms: int) -> LlmResponse | None:
+        """The response this activation already got for the call ``scope`` names, or None."""
         ...
 
-    def put(self, cache_key: str, response: LlmResponse, *, now_ms: int) -> None:
-        """Keep ``response`` for ``cache_key``."""
+    def keep(self, scope: bytes, response: LlmResponse, *, now_ms: int) -> None:
+        """Keep ``response`` for the call ``scope`` names."""
         ...
 
 
@@ -116,8 +116,9 @@ class ActivationContext:
         it raises BudgetExceeded.
         """
         self._step_index += 1
-        key = cache_key(request, entity_key=self.entity_key, seq=self.seq)
-        cached = self._cache.get(key, now_ms=self.now_ms)
+        # Taken now: the agent may change the request's messages once the call returns.
+        scope = request_scope(request, entity_key=self.entity_key, seq=self.seq)
+        cached = self._cache.lookup(scope, now_ms=self.now_ms)
         if cached is not None:
             self.stats.cache_hits += 1
             metrics.LLM_CACHE_HITS.inc()
@@ -153,7 +154,7 @@ class ActivationContext:
         if response.prompt_tokens or response.completion_tokens:
             metrics.child(metrics.GEN_AI_TOKENS, *gen_ai, "input").observe(response.prompt_tokens)
             metrics.child(metrics.GEN_AI_TOKENS, *gen_ai, "output").observe(response.completion_tokens)
-        self._cache.put(key, response, now_ms=self.now_ms)
+        self._cache.keep(scope, response, now_ms=self.now_ms)
         self._charge(response)
         return response
 

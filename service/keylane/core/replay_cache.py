@@ -20,6 +20,12 @@ the oldest entry can have expired: a put costs the same with 1 or 64 entries in 
 A stored response's sha256 is worked out only when the cell is committed (``entries``): most
 activations complete, and their cell is dropped. Its size counts a digest all the same: a
 hex sha256 always takes 64 characters.
+
+For the same reason ``call_model`` goes through ``lookup`` and ``keep``, which take a call's
+``request_scope`` rather than its key: ``keep`` only notes the answer, and the put (the key's
+sha256, the entry and its size, the limits) happens when the cell is read again or committed.
+A lookup in a cell that holds nothing, the first call of an activation that did not suspend
+before, is a miss without a key. An activation that completes never works either out.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from __future__ import annotations
 from keylane.cells import encoded_size
 from keylane.core.state import CacheEntry
 from keylane.digests import sha256
-from keylane.llm.types import LlmResponse
+from keylane.llm.types import LlmResponse, cache_key_of
 
 MAX_ENTRIES = 64
 TTL_MS = 6 * 60 * 60 * 1000
@@ -48,7 +54,27 @@ class ReplayCache:
         self._oldest_ms: int | None = None
         self.dirty = False
         self.took_responses = False
-        """Whether a model's response went in (``put``), as its provider built it."""
+        """Whether a model's response went in (``put`` or ``keep``), as its provider built it."""
+        self._kept: list[tuple[bytes, LlmResponse, int]] = []
+        """(scope, response, now_ms) of each ``keep`` not yet put, in call order."""
+
+    def lookup(self, scope: bytes, *, now_ms: int) -> LlmResponse | None:
+        """``get`` for the call whose ``request_scope`` is ``scope``."""
+        if not (self._kept or self._committed or self._entries):
+            return None  # nothing to hit: no key needed
+        return self.get(cache_key_of(scope), now_ms=now_ms)
+
+    def keep(self, scope: bytes, response: LlmResponse, *, now_ms: int) -> None:
+        """``put`` for the call whose ``request_scope`` is ``scope``, done when the cell is
+        next read (``get``, ``lookup``) or committed (``entries``)."""
+        self.took_responses = True
+        self.dirty = True
+        self._kept.append((scope, response, now_ms))
+
+    def _put_kept(self) -> None:
+        kept, self._kept = self._kept, []
+        for scope, response, now_ms in kept:
+            self.put(cache_key_of(scope), response, now_ms=now_ms)
 
     def _load(self) -> None:
         """Index the committed cell on first use: activations that never call a model skip it."""
@@ -61,6 +87,8 @@ class ReplayCache:
 
     def get(self, cache_key: str, *, now_ms: int) -> LlmResponse | None:
         """The cached response, or None on a miss (absent, expired or digest-only)."""
+        if self._kept:
+            self._put_kept()
         if not self._loaded:
             self._load()
         entry = self._entries.get(cache_key)
@@ -130,6 +158,8 @@ class ReplayCache:
 
     def entries(self) -> list[CacheEntry]:
         """The staged cell, least recently used first, as it is committed."""
+        if self._kept:
+            self._put_kept()
         if not self._loaded:
             return self._committed
         for entry in self._entries.values():

@@ -158,7 +158,15 @@ def cache_key(request: LlmRequest, *, entity_key: bytes, seq: int) -> str:
 
     Scoped to the activation (key, seq): only a retry of the same activation hits.
     """
-    digest = sha256()
-    digest.update(request.canonical())
-    digest.update(b"\x00" + entity_key + b"\x00" + str(seq).encode())
-    return digest.hexdigest()
+    return cache_key_of(request_scope(request, entity_key=entity_key, seq=seq))
+
+
+def request_scope(request: LlmRequest, *, entity_key: bytes, seq: int) -> bytes:
+    """What ``cache_key`` digests: the request's canonical JSON and the activation (key, seq).
+    Taken when the call is made, since an agent may change a request's messages after it."""
+    return request.canonical() + b"\x00" + entity_key + b"\x00" + str(seq).encode()
+
+
+def cache_key_of(scope: bytes) -> str:
+    """The cache key of a ``request_scope``: its sha256, in hex."""
+    return sha256(scope).hexdigest()

@@ -12,7 +12,7 @@ import pytest
 from keylane.authoring.memory import Memory, MemoryOverflow
 from keylane.cells import MemoryBlob, MemoryEntry
 from keylane.core.replay_cache import MAX_BYTES, MAX_ENTRIES, TTL_MS, ReplayCache
-from keylane.llm.types import LlmRequest, LlmResponse, cache_key
+from keylane.llm.types import LlmRequest, LlmResponse, cache_key, cache_key_of, request_scope
 
 NOW = 1_700_000_000_000
 
@@ -433,3 +433,58 @@ def test_the_committed_cell_carries_each_responses_sha256_and_its_true_size() ->
     # read back as the next activation does: the digests are the committed ones
     again = ReplayCache(committed)
     assert [e.digest for e in again.entries()] == [e.digest for e in committed]
+
+
+# --- lookup / keep: what call_model uses ----------------------------------------------------
+
+
+def scope_of(request: LlmRequest = BASE, *, seq: int = 3) -> bytes:
+    return request_scope(request, entity_key=b"k#0", seq=seq)
+
+
+def test_the_key_of_a_scope_is_the_cache_key_of_its_request() -> None:
+    # committed cells keep the keys cache_key gave: a cell written before lookup/keep still hits
+    assert cache_key_of(scope_of()) == key_of()
+    # as keylane 542a764 keyed it
+    assert key_of() == "702b2975984a6b665feb758702da8e8f370ce67d0ef91a2c1106994fd919cc1e"
+
+
+def test_a_kept_answer_is_a_hit_for_the_same_call_and_is_committed_under_its_key() -> None:
+    cache = ReplayCache([])
+    cache.keep(scope_of(), answer(b"hello"), now_ms=NOW)
+
+    assert cache.lookup(scope_of(seq=4), now_ms=NOW) is None
+    hit = cache.lookup(scope_of(), now_ms=NOW)
+    assert hit is not None and hit.response == b"hello" and hit.cached
+    assert [e.cache_key for e in cache.entries()] == [key_of()]
+    assert cache.took_responses
+
+
+def test_keeps_are_put_in_call_order_under_the_limits() -> None:
+    cache = ReplayCache([])
+    for n in range(MAX_ENTRIES + 1):
+        cache.keep(scope_of(seq=n), answer(b"%d" % n), now_ms=NOW)
+
+    committed = cache.entries()
+
+    assert len(committed) == MAX_ENTRIES  # the first kept was evicted, as by a put
+    kept_last = [cache_key_of(scope_of(seq=n)) for n in range(1, MAX_ENTRIES + 1)]
+    assert [e.cache_key for e in committed] == kept_last
+
+
+def test_no_key_is_worked_out_for_a_cell_that_is_never_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    import keylane.core.replay_cache as replay_cache
+
+    digested: list[bytes] = []
+    monkeypatch.setattr(replay_cache, "cache_key_of", lambda scope: digested.append(scope) or "k")
+    cache = ReplayCache([])
+
+    assert cache.lookup(scope_of(), now_ms=NOW) is None  # an empty cell: a miss without a key
+    cache.keep(scope_of(), answer(), now_ms=NOW)
+    assert digested == []  # an activation that completes drops its cell here
+    cache.entries()
+    assert digested == [scope_of()]
+    # a committed cell is looked up by key
+    again = ReplayCache(cache.entries())
+    again.lookup(scope_of(seq=9), now_ms=NOW)
+    assert digested == [scope_of(), scope_of(seq=9)]

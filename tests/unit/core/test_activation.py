@@ -14,7 +14,7 @@ from keylane.authoring.context import ActivationContext
 from keylane.authoring.tools import SideEffectOutsideIntent, ToolRegistry, tool
 from keylane.catalog import EVENTS, INTENTS, OUTPUT
 from keylane.core.state import encode_state
-from keylane.llm import FakeLLM, LlmRequest, match_any, respond_with
+from keylane.llm import FakeLLM, LlmRequest, LlmResponse, match_any, respond_with
 from keylane.testing import AgentHarness, ManualClock
 
 KEY = b"customer-1"
@@ -216,6 +216,34 @@ async def test_a_side_effect_tool_called_directly_raises_and_fails_the_activatio
     assert [e.reason for e in harness.errors()] == ["activation_error"]
     assert "SideEffectOutsideIntent" in harness.errors()[0].detail
     assert harness.intents() == []
+
+
+async def test_a_request_changed_after_its_call_is_a_new_call_and_both_replay_on_the_resume() -> None:
+    llm = FakeLLM([(match_any(), lambda request, attempt: _answer_turn(request))])
+    answers: list[list[bytes | bool]] = []
+
+    async def conversation(ctx: ActivationContext) -> Complete | Suspend:
+        request = LlmRequest(model_id="m", messages=["hello"])
+        first = await ctx.call_model(request)
+        request.messages.append(first.response.decode())  # the same object, one turn longer
+        second = await ctx.call_model(request)
+        answers.append([first.response, first.cached, second.response, second.cached])
+        if not ctx.is_resume:
+            ctx.act("notify", "{}")
+            return Suspend(snapshot=b"")
+        return Complete(second.response)
+
+    harness = AgentHarness(conversation, AgentConfig(), provider=llm, clock=ManualClock())
+    await harness.send_event(KEY, "go")
+    [intent] = harness.intents()
+    await harness.send_result(harness.result_for(intent))
+
+    assert answers == [[b"turn 1", False, b"turn 2", False], [b"turn 1", True, b"turn 2", True]]
+    assert llm.call_count == 2
+
+
+async def _answer_turn(request: LlmRequest) -> LlmResponse:
+    return LlmResponse(response=b"turn %d" % len(request.messages))
 
 
 async def test_a_resume_continues_the_suspended_activation_and_replays_its_model_call() -> None:
