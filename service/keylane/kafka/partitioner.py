@@ -38,4 +38,4 @@ class KeptHashPartitioner:
     def __call__(self, key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
         if key is None:
             return random.choice(available or all_partitions)  # noqa: S311 (placement, not secrecy)
-        return all_partitions[_key_hash(key) % len(all_partitions)]
+        return all_partitions[expected_partition(key, len(all_partitions))]

@@ -25,6 +25,19 @@ from keylane.kafka.delivery import ProduceFailed, confirm_handed_off, confirming
 from keylane.kafka.publish import raw_topic
 
 
+class FaustProducer:
+    """Faust's producer as keylane hands records to it: its app, ``allow_headers``, and the
+    aiokafka producer ``_ensure_producer`` gives (here itself: a subclass defines ``send``)."""
+
+    allow_headers = True
+
+    def __init__(self, app: faust.App) -> None:
+        self.app = app
+
+    def _ensure_producer(self) -> Any:
+        return self
+
+
 class Handoffs:
     """What reached the producer (``published``, in order) and its buffer (``buffered``)."""
 
@@ -39,13 +52,7 @@ class Handoffs:
         """Records handed to ``topic``'s producer (a ConfirmedTopic's, or a changelog's)."""
         handoffs = self
 
-        class Producer:  # Faust's, as keylane uses it: its app and aiokafka's send
-            app = topic.app
-            allow_headers = True
-
-            def _ensure_producer(self) -> Any:
-                return self
-
+        class Producer(FaustProducer):
             async def send(self, name: str, value: Any, *, partition: int | None, **rest: Any) -> Any:
                 handoffs.published.append((name, value))
                 handoffs.partitions.append(partition)
@@ -53,7 +60,7 @@ class Handoffs:
                 handoffs.messages.append(delivery)
                 return delivery
 
-        producer = Producer()
+        producer = Producer(topic.app)
 
         async def get_producer() -> Any:
             return producer
@@ -227,20 +234,12 @@ async def test_a_changelog_record_the_producer_refuses_to_take_fails_its_unit_of
 
     app.crash = crash  # type: ignore[method-assign]
 
-    class ClosedProducer:
-        allow_headers = True
-
-        def __init__(self) -> None:
-            self.app = app
-
-        def _ensure_producer(self) -> Any:
-            return self
-
+    class ClosedProducer(FaustProducer):
         async def send(self, *args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("the producer is closed")
 
     async def get_producer() -> Any:
-        return ClosedProducer()
+        return ClosedProducer(app)
 
     table.changelog_topic._get_producer = get_producer
 
