@@ -127,8 +127,7 @@ class OriginCheck:
         deadline = time.monotonic() + FETCH_DEADLINE_S
         try:
             consumer = await self._started()
-            consumer.assign([tp])
-            consumer.seek(tp, offset)
+            await self._position(consumer, tp, offset)
             while True:
                 try:
                     batches = await consumer.getmany(
@@ -157,6 +156,19 @@ class OriginCheck:
             )
         while len(self._seen) > REMEMBERED:
             self._seen.popitem(last=False)
+
+    @staticmethod
+    async def _position(consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> None:
+        """Make ``offset`` the next record ``consumer`` returns. Copies come in their
+        originals' order, so the consumer usually stands there already, with the records
+        after its last batch fetched ahead: an assign or a seek would drop those, and the
+        fetch that replaces them waits for the one in flight, a long poll at the log's end
+        that lasts up to fetch_max_wait_ms (half a second, every FETCH_RECORDS copies)."""
+        if consumer.assignment() != {tp}:
+            consumer.assign([tp])
+        elif await consumer.position(tp) == offset:
+            return
+        consumer.seek(tp, offset)
 
     async def _started(self) -> AIOKafkaConsumer:
         if self._consumer is None:
