@@ -26,7 +26,12 @@ from keylane.catalog import EVENTS, Catalog
 from keylane.config import Settings
 from keylane.kafka.delivery import delivery_guard
 from keylane.kafka.partitioner import KeptHashPartitioner
-from keylane.kafka.patches import deliver_without_tasks, publish_without_stampede, start_tables_at_once
+from keylane.kafka.patches import (
+    deliver_without_tasks,
+    feed_in_runs,
+    publish_without_stampede,
+    start_tables_at_once,
+)
 from keylane.kafka.restore_watch import watch_restores
 from keylane.kafka.rocksdb_store import RocksDBStore
 from keylane.kafka.sensors import CommitMonitor, hook_sensors
@@ -92,6 +97,7 @@ def build_app(
     metrics.use_topic_prefix(settings.topic_prefix)
     publish_without_stampede()  # see service/keylane/kafka/patches.py
     deliver_without_tasks()  # likewise
+    feed_in_runs()  # likewise
     start_tables_at_once()  # likewise
     co_partitions = partitions or catalog[EVENTS].partitions
     replication = catalog[EVENTS]  # changelogs replicate like the topics they mirror

@@ -32,9 +32,9 @@ an app's input topics:
   partition over ran its keys on state that went back (found by the pause chaos with paged
   memory). Faust's recovery drops what it has applied already by its own offsets.
 
-Patched on the class, once per process, by ``publish_without_stampede``,
-``deliver_without_tasks`` and ``start_tables_at_once`` (installed by ``build_app``, for every
-keylane app):
+Patched on the class (or the module), once per process, by ``publish_without_stampede``,
+``deliver_without_tasks``, ``start_tables_at_once`` and ``feed_in_runs`` (installed by
+``build_app``, for every keylane app):
 
 * ``Topic._get_producer``: Faust asks for its producer on every publish through mode's
   ``stampede`` wrapper, which awaits ``asyncio.sleep(0)`` three times per call even when the
@@ -61,6 +61,17 @@ keylane app):
   Faust refuses it once the list is closed), so the patch starts at once. The second was
   part of every worker's and effector's start, and of the time a restarted worker took to
   be ready again.
+
+* ``sleep`` of Faust's compiled stream iterator (``faust._cython.streams``, the one Faust
+  iterates streams with when it is built, as the wheels are): the iterator awaits
+  ``asyncio.sleep(0)`` before every record, so a stream hands over one record per turn of the
+  event loop. keylane's streams feed lanes (service/keylane/kafka/lane_feed.py), where a
+  record only joins its key's queue; at one record per turn, the feed moved at the pace of
+  the lanes' work, and the records in Faust's queue waited behind each other: a key whose
+  next records sat behind a few hundred of other keys' ran dry meanwhile (on the state
+  growth benchmark, two partitions' keys stood still 0.3 s of each 1 s repetition, with all
+  their records fetched). ``feed_in_runs`` makes that ``sleep(0)`` a turn of the loop every
+  STREAM_RUN records, and no wait in between; any other ``sleep`` call is asyncio's.
 
 Wrapped per app instance (``watch_cleared_queues``, installed by ``guard_offsets``):
 
@@ -126,11 +137,13 @@ the app's Table class overrides
 from __future__ import annotations
 
 import asyncio
+import importlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import faust
+import faust.streams as faust_streams
 from faust.tables.manager import TableManager
 from faust.topics import Topic as FaustTopic
 from faust.transport.consumer import Consumer as FaustConsumer
@@ -198,6 +211,7 @@ _wrapped = False
 _publishing_patched = False
 _delivery_patched = False
 _tables_patched = False
+_streams_patched = False
 
 
 def publish_without_stampede() -> None:
@@ -264,6 +278,60 @@ def deliver_without_tasks() -> None:
             f"keylane cannot patch Faust's Consumer.wait_first on faust-streaming {faust.__version__}; "
             f"install faust-streaming{FAUST_PIN} (the range pyproject.toml pins)"
         )
+
+
+STREAM_RUN = 32
+"""Records a Faust stream hands over between two turns of the event loop (``feed_in_runs``):
+enough that a lane feed keeps ahead of the lanes, few enough that the lanes' work waits well
+under a millisecond behind a run."""
+
+
+class _NoWait:
+    """An awaitable that is done at once: ``await`` goes on without a turn of the loop."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield from ()
+
+
+_NO_WAIT = _NoWait()
+
+
+class _TurnEveryRun:
+    """``asyncio.sleep`` for Faust's stream iterator: ``sleep(0)`` is a turn of the loop once
+    every ``run`` calls, and no wait otherwise; any other delay is asyncio's own."""
+
+    def __init__(self, run: int) -> None:
+        self._run = run
+        self._left = run
+
+    def __call__(self, delay: float, result: Any = None) -> Awaitable[Any]:
+        if delay or self._left <= 1:
+            self._left = self._run
+            return asyncio.sleep(delay, result)
+        self._left -= 1
+        return _NO_WAIT
+
+
+def feed_in_runs() -> None:
+    """Install the stream iterator's ``sleep`` patch of the module docstring, once per
+    process. Without Faust's compiled iterator (a faust-streaming built without it), streams
+    keep Faust's per-record turn."""
+    global _streams_patched
+    if _streams_patched:
+        return
+    _streams_patched = True
+    iterator = getattr(faust_streams, "_CStreamIterator", None)
+    if iterator is None:
+        return
+    compiled = importlib.import_module(iterator.__module__)
+    if getattr(compiled, "sleep", None) is not asyncio.sleep:
+        raise ConfigError(
+            f"keylane cannot patch the sleep of Faust's stream iterator on faust-streaming "
+            f"{faust.__version__}; install faust-streaming{FAUST_PIN} (the range pyproject.toml pins)"
+        )
+    setattr(compiled, "sleep", _TurnEveryRun(STREAM_RUN))  # noqa: B010 - a compiled module's global
 
 
 def _is_wait_on(coro: Any, event: asyncio.Event) -> bool:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -198,3 +201,79 @@ async def test_the_table_manager_starts_its_tables_and_their_recovery_without_wa
     await tables.on_start()
     assert [step for step, _ in steps] == ["tables registered", "recovery started"]
     assert steps[-1][1] - began < 0.5
+
+
+def loop_turns() -> list[int]:
+    """A counter of the running loop's turns: a callback that schedules itself again."""
+    loop = asyncio.get_running_loop()
+    turns = [0]
+
+    def tick() -> None:
+        turns[0] += 1
+        loop.call_soon(tick)
+
+    loop.call_soon(tick)
+    return turns
+
+
+STREAM_RUNS = """
+import asyncio, json, faust
+from keylane.kafka import patches
+from tests.unit.kafka.test_patches import loop_turns
+
+async def main():
+    patches.feed_in_runs()
+    app = faust.App("stream-runs-test", loop=asyncio.get_running_loop())
+    app.flow_control.resume()
+    stream = app.stream(app.channel())
+    records = stream.__aiter__()
+    first = asyncio.ensure_future(records.__anext__())
+    await asyncio.sleep(0.05)  # the stream waits on its empty queue
+    count = 4 * patches.STREAM_RUN
+    for value in range(count):
+        await stream.channel.put(value)
+    values = [await first]
+    turns = loop_turns()
+    seen = [(await records.__anext__(), turns[0]) for _ in range(count - 1)]
+    values += [value for value, _ in seen]
+    print(json.dumps({"values": values, "turns": len({turn for _, turn in seen})}))
+
+asyncio.run(main())
+"""
+
+
+def test_a_faust_stream_hands_over_a_run_of_queued_records_per_turn_of_the_loop() -> None:
+    """Faust's compiled stream iterator, over a real channel, in a process of its own (the
+    stream starts the app's consumer thread and its loop): 127 queued records come out in
+    order in 5 turns of the loop (Faust's own iterator takes 127, one per record)."""
+    run = subprocess.run(
+        [sys.executable, "-c", STREAM_RUNS], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    count = 4 * patches.STREAM_RUN
+    assert seen["values"] == list(range(count))
+    assert seen["turns"] <= count // patches.STREAM_RUN + 1
+
+
+async def test_the_stream_sleep_turns_the_loop_once_a_run_and_leaves_other_delays_to_asyncio() -> None:
+    sleep = patches._TurnEveryRun(3)
+    turns = loop_turns()
+    for _ in range(9):
+        assert await sleep(0) is None
+    assert turns[0] == 3
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    assert await sleep(0.05, "woke") == "woke"
+    assert loop.time() - began >= 0.05
+
+
+def test_build_app_gives_faust_s_compiled_stream_iterator_the_run_sleep() -> None:
+    import faust._cython.streams as compiled  # the iterator Faust's wheels build
+
+    from keylane.catalog import load_catalog
+    from keylane.config import Settings
+    from keylane.kafka.app import build_app
+
+    build_app(Settings.from_env({}), load_catalog())
+    assert isinstance(compiled.sleep, patches._TurnEveryRun)
