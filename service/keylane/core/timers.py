@@ -114,36 +114,48 @@ class TimerIndex:
 
     def update(self, key: bytes, state: KeyState | None) -> None:
         """Record a key's committed timers (None: the key was deleted)."""
-        self._set_waiting(key, waiting_for(state))
+        if state is not None and state.continuation is not None:
+            self._set_waiting(key, waiting_for(state))
+        elif key in self._waiting:
+            self._set_waiting(key, None)
         if state is not None and state.paused is not None:
             self._paused.add(key)
-        elif self._paused:
-            self._paused.discard(key)
-        # A paused key's timers wait for its resume, which arms them again.
-        timers = dict(state.timers) if state is not None and state.paused is None else {}
-        previous = self._by_key.get(key, {})
-        if self._sent:  # most commits find no timer sent: nothing to forget
-            for kind, old in previous.items():
-                if timers.get(kind) != old:
-                    self._sent.pop((key, old.token), None)
-        if timers:
-            self._by_key[key] = timers
-            for kind, timer in timers.items():
-                if previous.get(kind) != timer:
-                    heapq.heappush(self._heap, (timer.deadline_ms, key, kind, timer.token))
+            timers: dict[TimerKind, ArmedTimer] = {}  # they wait for its resume, which arms them again
         else:
-            self._by_key.pop(key, None)
+            if self._paused:
+                self._paused.discard(key)
+            # Committed states are never changed in place: the index keeps the state's own dict.
+            timers = state.timers if state is not None else {}
+        previous = self._by_key.get(key)
+        if previous:
+            if self._sent:  # most commits find no timer sent: nothing to forget
+                for kind, old in previous.items():
+                    if timers.get(kind) != old:
+                        self._sent.pop((key, old.token), None)
+            if not timers:
+                del self._by_key[key]
+                return
+        elif not timers:
+            return
+        self._by_key[key] = timers
+        for kind, timer in timers.items():
+            before = previous.get(kind) if previous else None
+            if before is None or before.token != timer.token or before.deadline_ms != timer.deadline_ms:
+                heapq.heappush(self._heap, (timer.deadline_ms, key, kind, timer.token))
         # Every commit re-arms a key's TTL, leaving its old entry behind until that deadline:
         # without compaction the heap grows with commits, not with keys.
         if len(self._heap) > COMPACT_FACTOR * len(self._by_key) + COMPACT_SLACK:
             self._compact()
 
     def _compact(self) -> None:
-        """Drop superseded entries: keep only those whose token is still armed."""
+        """Drop superseded entries: one entry per armed timer, at its deadline. A timer sent
+        already gets its resend entry back from ``due``, which finds when it was sent; building
+        the heap from the armed timers costs a pass over the keys, where filtering the heap
+        cost a pass over every entry (several per key: the superseded TTLs of each commit)."""
         self._heap = [
-            entry
-            for entry in self._heap
-            if (armed := self._by_key.get(entry[1], {}).get(entry[2])) is not None and armed.token == entry[3]
+            (timer.deadline_ms, key, kind, timer.token)
+            for key, timers in self._by_key.items()
+            for kind, timer in timers.items()
         ]
         heapq.heapify(self._heap)
 

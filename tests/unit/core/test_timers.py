@@ -339,6 +339,32 @@ def test_the_timer_index_grows_with_keys_not_with_commits() -> None:
     assert len(due) == 100, "each key's latest TTL is still due exactly once"
 
 
+def test_compaction_keeps_every_armed_timer_and_the_resend_interval_of_a_sent_one() -> None:
+    """The compaction builds the heap from the armed timers: a timer sent before it is still not
+    sent again before RESEND_AFTER_MS, and is once that passed; a timer superseded by then is
+    not sent at all."""
+    from keylane.core.timers import COMPACT_FACTOR, COMPACT_SLACK
+
+    index = TimerIndex()
+    sent = arm(KeyState(seq=1), ttl_ms=1_000, now_ms=0)
+    index.update(KEY, sent)
+    assert [kind for _, kind, _ in index.due(1_000)] == [TTL]
+    commits, compacted = 0, False
+    while not compacted:  # two other keys re-armed until the heap compacts
+        commits += 1
+        before = len(index._heap)
+        index.update(b"b", arm(KeyState(seq=commits), ttl_ms=60_000, now_ms=commits))
+        compacted = len(index._heap) < before
+        assert commits <= COMPACT_FACTOR * 3 + COMPACT_SLACK, "the heap never compacted"
+    assert len(index._heap) == 2, "one entry per armed timer"
+
+    assert index.due(1_000 + RESEND_AFTER_MS - 1) == [], "the sent timer waits out its interval"
+    assert [key for key, _, _ in index.due(1_000 + RESEND_AFTER_MS)] == [KEY]
+    index.update(KEY, KeyState(seq=2))
+    due = index.due(commits + 60_000 + 2 * RESEND_AFTER_MS)
+    assert [key for key, _, _ in due] == [b"b"], "the latest TTL once, the superseded none"
+
+
 # 4. The keys waiting now (keylane_waiting_keys) ------------------------------------------------
 
 
