@@ -159,9 +159,11 @@ def first_step(awaitable: Awaitable[Any]) -> Any:
     """What ``awaitable`` returns when it finishes without waiting (its exception, when it
     raises), else an ``Awaiting`` of the rest. An awaitable that is not a coroutine (a
     Future, an object with ``__await__``) is stepped inside one."""
-    coro = (
-        cast(Coroutine[Any, Any, Any], awaitable) if type(awaitable) is CoroutineType else _awaited(awaitable)
-    )
+    if type(awaitable) is CoroutineType:
+        # Quoted: cast's first argument is evaluated, and a subscripted ABC is built per call.
+        coro = cast("Coroutine[Any, Any, Any]", awaitable)
+    else:
+        coro = _awaited(awaitable)
     try:
         first = coro.send(None)
     except StopIteration as done:

@@ -127,5 +127,5 @@ def _emit_of(record: OutboxRecord) -> Emit:
         key=record.key,
         value=record.value,
         # Written from Emit.error_reason; a blob keeps it as text, read only as a metric label.
-        error_reason=cast(ErrorReason | None, record.label),
+        error_reason=cast("ErrorReason | None", record.label),
     )

@@ -334,7 +334,7 @@ async def _produce(
         timestamp_ms=int(timestamp * 1000.0) if timestamp else timestamp,
         headers=headers,
     )
-    return cast(asyncio.Future[Any], sent)
+    return cast("asyncio.Future[Any]", sent)
 
 
 def _changelog_done(
