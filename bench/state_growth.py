@@ -8,7 +8,7 @@ partitions) and its own worker:
 1. **Fill**, every size first: one ``fill`` event per key through a real ``keylane worker``
    running :func:`rewrite_one_cell`, which stores the size's worth of 1 KiB cells (``c0`` ...
    ``cN-1``, incompressible bytes) in ``ctx.memory``.
-2. **Measured**, REPETITIONS[size] rounds, each measuring every size in turn (1, 64, 512 KiB)
+2. **Measured**, ROUNDS[size] rounds, each measuring every size in turn (1, 64, 512 KiB)
    on its running worker: a slow spell of the machine then lands on one repetition of each
    size, not on all three of one, and the medians compare sizes measured side by side.
    A repetition is ``EVENTS_PER_KEY`` events per key, produced at once; each activation
@@ -54,6 +54,11 @@ EVENTS_PER_KEY: dict[Size, int] = {"smoke": 3, "quick": 30, "full": 100}
 stall of the worker halved its rate (1 KiB: 340, 313 and 755/s in one run). Full: 2,000, about
 a second: with 25 per key (a quarter second) one run's 512 KiB repetitions spread from 1,185
 to 2,071/s."""
+ROUNDS: dict[Size, int] = {**REPETITIONS, "full": 5}
+"""Full: five rounds, where the other broker benchmarks run three. A repetition's rate moved by
+a fifth between rounds of one run (2,000 activations each, no stall in any: the worker's CPU
+time per repetition itself varied, 0.88 to 1.35 s), and the 512 KiB / 1 KiB ratio is of two
+medians; five rounds cost about 15 s more than three."""
 SETTLE_S = 1.0
 
 
@@ -102,7 +107,7 @@ class StateGrowthBench(Testbed):
         self.recorder = recorder
         self.keys = [f"grow-{i}".encode() for i in range(KEYS[size])]
         self.events_per_key = EVENTS_PER_KEY[size]
-        self.repetitions = REPETITIONS[size]
+        self.repetitions = ROUNDS[size]
 
     async def run(self) -> None:
         """Fill every size, then measure them in turn, repetition by repetition, so that a slow
