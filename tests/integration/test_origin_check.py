@@ -1,8 +1,8 @@
-"""OriginCheck on a real broker: copies checked in their originals' order read the log once
-through, one batch after another, without repositioning its consumer. A seek (or an assign)
-drops what the consumer fetched ahead, and the fetch that replaces it waits for the one in
-flight, a long poll at the log's end: ShardKeys' lanes stood still for half a second every
-FETCH_RECORDS copies before."""
+"""OriginCheck on a real broker: copies checked in their originals' order, or a little ahead of
+it, read the log once through, one batch after another, without repositioning its consumer. A
+seek (or an assign) drops what the consumer fetched ahead, and the fetch that replaces it waits
+for the one in flight, a long poll at the log's end: ShardKeys' lanes stood still for half a
+second every FETCH_RECORDS copies before."""
 
 from __future__ import annotations
 
@@ -87,5 +87,23 @@ async def test_copies_in_their_originals_order_read_the_log_without_a_seek_per_b
             ("seek", 5),
             ("seek", count),
         ]
+    finally:
+        await check.close()
+
+    # A copy whose original lies a little ahead of where the consumer stands (lanes go at
+    # their own pace) is read on to, not sought: a seek stalled a ShardKeys lane for half a
+    # second. Back, or further ahead, it seeks (above).
+    consumers.repositions.clear()
+    check = OriginCheck(consumers)
+    try:
+        assert await check.forged((topic, partition, 0), key=KEY, value=values[0]) is None
+        ahead = FETCH_RECORDS + FETCH_RECORDS // 2
+        assert await check.forged((topic, partition, ahead), key=KEY, value=values[ahead]) is None
+        assert await check.forged((topic, partition, ahead + 1), key=KEY, value=b"forged") == (
+            f"its value differs from the record at {topic}/{partition}/{ahead + 1}"
+        )
+        last = count - 1
+        assert await check.forged((topic, partition, last), key=KEY, value=values[last]) is None
+        assert consumers.repositions == [("assign", [TopicPartition(topic, partition)]), ("seek", 0)]
     finally:
         await check.close()

@@ -119,9 +119,10 @@ class OriginCheck:
             return known
 
     async def _fetch_from(self, origin: Position) -> None:
-        """Read the records from ``origin`` on into ``_seen``. A fetch that brings nothing is
-        tried again until FETCH_DEADLINE_S unless the log ends at or before the offset: a
-        busy broker's empty answer says nothing about whether the record exists."""
+        """Read the records from ``origin`` on into ``_seen`` (from where the consumer stands,
+        when that is a little before it: ``_position``). A fetch that brings nothing is tried
+        again until FETCH_DEADLINE_S unless the log ends at or before the offset: a busy
+        broker's empty answer says nothing about whether the record exists."""
         topic, partition, offset = origin
         tp = TopicPartition(topic, partition)
         deadline = time.monotonic() + FETCH_DEADLINE_S
@@ -135,21 +136,31 @@ class OriginCheck:
                     )
                 except OffsetOutOfRangeError:
                     batches = {}
-                if batches.get(tp):
-                    break
-                start = (await consumer.beginning_offsets([tp]))[tp]
-                end = (await consumer.end_offsets([tp]))[tp]
-                if not start <= offset < end:
+                records = batches.get(tp)
+                if records:
+                    self._remember(topic, partition, records)
+                    if records[-1].offset >= offset:
+                        return
+                elif not await self._in_log(consumer, tp, offset):
                     return  # before the log's start (retention took it) or past its end: no such record
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no record came back within {FETCH_DEADLINE_S:.0f}s")
-                consumer.seek(tp, offset)
+                if not records:
+                    consumer.seek(tp, offset)
         except Exception as exc:
             await self.close()  # start over with a fresh consumer next time
             raise OriginUnchecked(
                 f"could not read {topic}/{partition}/{offset} to check a copy: {exc!r}"
             ) from exc
-        for record in batches[tp]:
+
+    @staticmethod
+    async def _in_log(consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> bool:
+        start = (await consumer.beginning_offsets([tp]))[tp]
+        end = (await consumer.end_offsets([tp]))[tp]
+        return bool(start <= offset < end)
+
+    def _remember(self, topic: str, partition: int, records: list[Any]) -> None:
+        for record in records:
             event_digest = _event_digest(record.value) if record.key is not None else None
             self._seen[(topic, partition, record.offset)] = _Original(
                 record.key, _digest(record.value), event_digest
@@ -159,14 +170,17 @@ class OriginCheck:
 
     @staticmethod
     async def _position(consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> None:
-        """Make ``offset`` the next record ``consumer`` returns. Copies come in their
-        originals' order, so the consumer usually stands there already, with the records
-        after its last batch fetched ahead: an assign or a seek would drop those, and the
-        fetch that replaces them waits for the one in flight, a long poll at the log's end
-        that lasts up to fetch_max_wait_ms (half a second, every FETCH_RECORDS copies)."""
+        """Make the consumer read ``offset`` next, or read on to it. Copies come in their
+        originals' order, give or take the lanes' pace, so the consumer usually stands there
+        or a little before it, with the records after its last batch fetched ahead: an assign
+        or a seek would drop those, and the fetch that replaces them waits for the one in
+        flight, a long poll at the log's end that lasts up to fetch_max_wait_ms (half a second
+        of a ShardKeys lane's, every FETCH_RECORDS copies). The records on the way are the
+        originals of the copies in the other lanes, so it reads on from up to FETCH_RECORDS
+        before the offset, and seeks only further away or back."""
         if consumer.assignment() != {tp}:
             consumer.assign([tp])
-        elif await consumer.position(tp) == offset:
+        elif 0 <= offset - await consumer.position(tp) < FETCH_RECORDS:
             return
         consumer.seek(tp, offset)
 
