@@ -82,7 +82,7 @@ def targets_table(results: dict[str, Result]) -> list[str]:
 
 
 def baseline_table(results: dict[str, Result]) -> list[str]:
-    """The baseline commit's keylane beside this tree's, pair by pair (bench/runtime_baseline.py)."""
+    """The baseline commit's keylane beside this tree's, round by round (bench/runtime_baseline.py)."""
     result = results.get(RUNTIME_VS_BASELINE)
     if result is None:
         return ["_not measured_"]
@@ -92,7 +92,7 @@ def baseline_table(results: dict[str, Result]) -> list[str]:
         why = extra["unavailable"]
         return [f"_baseline commit {commit} not measured: {why}; the targets use bench/baseline.json_"]
     rows = [
-        "| pair | own cost, baseline (ms) | own cost, now (ms) | suspension p50, baseline (ms) | "
+        "| round | own cost, baseline (ms) | own cost, now (ms) | suspension p50, baseline (ms) | "
         "suspension p50, now (ms) |",
         "| ---: | ---: | ---: | ---: | ---: |",
     ]
@@ -104,9 +104,9 @@ def baseline_table(results: dict[str, Result]) -> list[str]:
         )
     rows += [
         "",
-        f"Baseline: keylane at {commit}, under this tree's harness, alternated with this tree's "
-        f"in subprocesses. Median ratios: own cost {_fmt(extra.get('own_cost_ratio'))}, suspension "
-        f"round trip {_fmt(extra.get('suspension_ratio'))}.",
+        f"Baseline: keylane at {commit}, under this tree's harness, in a subprocess taking turns "
+        f"with this tree's, a chunk at a time. Median ratios over the rounds: own cost "
+        f"{_fmt(extra.get('own_cost_ratio'))}, suspension round trip {_fmt(extra.get('suspension_ratio'))}.",
     ]
     return rows
 

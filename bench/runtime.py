@@ -119,14 +119,16 @@ def collected_and_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+def select_loop() -> asyncio.AbstractEventLoop:
+    """An event loop whose selector (select(2)) takes its timeout in microseconds; epoll's
+    takes whole milliseconds (see the module docstring)."""
+    return asyncio.SelectorEventLoop(selectors.SelectSelector())
+
+
 async def microsecond_timers(main: Callable[[], Awaitable[T]]) -> T:
-    """``main()`` on an event loop of its own, in a thread, whose selector (select(2)) takes
-    its timeout in microseconds; epoll's takes whole milliseconds (see the module docstring)."""
+    """``main()`` on a select_loop of its own, in a thread."""
 
     def run() -> T:
-        def select_loop() -> asyncio.AbstractEventLoop:
-            return asyncio.SelectorEventLoop(selectors.SelectSelector())
-
         with asyncio.Runner(loop_factory=select_loop) as runner:
             return runner.run(main())
 
@@ -190,9 +192,9 @@ async def bench_noop(recorder: Recorder, count: int, reps: int) -> None:
         recorder.add(rated(name, "activations/s", rates, keys=keys))
 
 
-async def bench_overhead(recorder: Recorder, tier_ms: int, count: int, reps: int) -> None:
-    """Wall time of an activation whose model call takes ``tier_ms``, less ``tier_ms``, with
-    CONCURRENT_KEYS keys at once, on microsecond timers."""
+def overhead_sampler(tier_ms: int) -> Callable[[int], Awaitable[list[float]]]:
+    """Wall time of ``n`` activations whose model call takes ``tier_ms``, less ``tier_ms``,
+    CONCURRENT_KEYS keys at once: a sampler for a loop on microsecond timers."""
     provider = FakeLLM([(match_any(), respond_with(b"ok", latency_ms=tier_ms))])
     harness = AgentHarness(model_agent(), AgentConfig(), provider=provider)
 
@@ -208,40 +210,27 @@ async def bench_overhead(recorder: Recorder, tier_ms: int, count: int, reps: int
         await asyncio.gather(*(one_key(i) for i in range(CONCURRENT_KEYS)))
         return samples
 
-    progress(f"{names.OVERHEAD[tier_ms]}: {count} activations at {tier_ms} ms in {reps} repetition(s)")
-    recorder.add(
-        sampled(
-            names.OVERHEAD[tier_ms],
-            "ms",
-            await microsecond_timers(lambda: repeated(reps, count, overheads)),
-            provider_latency_ms=tier_ms,
-            concurrent_keys=CONCURRENT_KEYS,
-        )
-    )
+    return overheads
 
 
-async def bench_timer_baseline(recorder: Recorder, count: int, reps: int) -> None:
-    """How late asyncio.sleep(0.05) wakes under the same concurrency, on the same microsecond
-    timers: part of every tier's measured overhead is this (the kernel's wake-up), not keylane."""
+async def timer_lateness(n: int) -> list[float]:
+    """How late ``n`` asyncio.sleep(0.05) wake, CONCURRENT_KEYS at once."""
+    samples: list[float] = []
+    per_key = -(-n // CONCURRENT_KEYS)
 
-    async def lateness(n: int) -> list[float]:
-        samples: list[float] = []
-        per_key = -(-n // CONCURRENT_KEYS)
+    async def one_key() -> None:
+        for _ in range(per_key):
+            started = time.perf_counter()
+            await asyncio.sleep(0.05)
+            samples.append((time.perf_counter() - started) * 1000 - 50)
 
-        async def one_key() -> None:
-            for _ in range(per_key):
-                started = time.perf_counter()
-                await asyncio.sleep(0.05)
-                samples.append((time.perf_counter() - started) * 1000 - 50)
-
-        await asyncio.gather(*(one_key() for _ in range(CONCURRENT_KEYS)))
-        return samples
-
-    repetitions = await microsecond_timers(lambda: repeated(reps, count, lateness))
-    recorder.add(sampled(names.TIMER_BASELINE, "ms", repetitions))
+    await asyncio.gather(*(one_key() for _ in range(CONCURRENT_KEYS)))
+    return samples
 
 
-async def bench_suspension_roundtrip(recorder: Recorder, count: int, reps: int) -> None:
+def suspension_sampler() -> Callable[[int], Awaitable[list[float]]]:
+    """Wall time of ``n`` round trips over 100 keys: an activation that stages a tool intent
+    and suspends, then the tool's result that resumes and completes it."""
     registry = ToolRegistry()
     registry.register("side_effect", lambda args: args, side_effect=True)
     harness = AgentHarness(act_then_resume, AgentConfig(tools=registry))
@@ -259,6 +248,33 @@ async def bench_suspension_roundtrip(recorder: Recorder, count: int, reps: int) 
             samples.append((time.perf_counter() - started) * 1000)
         return samples
 
+    return round_trips
+
+
+async def bench_overhead(recorder: Recorder, tier_ms: int, count: int, reps: int) -> None:
+    """overhead_sampler's figures on microsecond timers."""
+    overheads = overhead_sampler(tier_ms)
+    progress(f"{names.OVERHEAD[tier_ms]}: {count} activations at {tier_ms} ms in {reps} repetition(s)")
+    recorder.add(
+        sampled(
+            names.OVERHEAD[tier_ms],
+            "ms",
+            await microsecond_timers(lambda: repeated(reps, count, overheads)),
+            provider_latency_ms=tier_ms,
+            concurrent_keys=CONCURRENT_KEYS,
+        )
+    )
+
+
+async def bench_timer_baseline(recorder: Recorder, count: int, reps: int) -> None:
+    """How late asyncio.sleep(0.05) wakes under the same concurrency, on the same microsecond
+    timers: part of every tier's measured overhead is this (the kernel's wake-up), not keylane."""
+    repetitions = await microsecond_timers(lambda: repeated(reps, count, timer_lateness))
+    recorder.add(sampled(names.TIMER_BASELINE, "ms", repetitions))
+
+
+async def bench_suspension_roundtrip(recorder: Recorder, count: int, reps: int) -> None:
+    round_trips = suspension_sampler()
     recorder.add(sampled(names.SUSPENSION_ROUNDTRIP, "ms", await repeated(reps, count, round_trips)))
 
 

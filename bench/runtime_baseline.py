@@ -8,12 +8,17 @@ about keylane. So the run measures the baseline too, here and now: the keylane p
 commit bench/baseline.json names (``git archive``; no checkout or install), under this tree's
 harness (bench/runtime.py), so both are timed by the same code.
 
-Each repetition (PAIRS[size] of them) runs one subprocess with the baseline's package first on
-``sys.path``, then one with this tree's, back to back; a repetition's ratio is of two figures
-measured seconds apart, and the result keeps the median of the repetitions' ratios. Without the commit
-(a shallow clone) the result says why, and the targets fall back to bench/baseline.json.
+The two packages run in two subprocesses that live through the whole comparison and take
+turns, a chunk of work at a time (``Side``). A shared machine's speed moves in windows of a
+second or more: a pure-Python loop here took 4.1 ms in some windows and 6.6-6.9 ms in others,
+with nothing else running, and one suspension round trip's p50 moved between 0.094 and
+0.14 ms with it. Figures measured in separate subprocesses, seconds apart, compared one
+window with another. So each round measures both sides back to back, the side that goes first
+alternating; a round's ratio compares figures taken within a second or two of each other, and
+the result keeps the median of the rounds' ratios. Without the commit (a shallow clone) the
+result says why, and the targets fall back to bench/baseline.json.
 
-    python -m bench.runtime_baseline --measure OUT.json --size quick   # one subprocess's part
+    python -m bench.runtime_baseline --serve   # one side: reads "FIGURE N" lines, answers samples
 """
 
 from __future__ import annotations
@@ -21,26 +26,35 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import io
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from bench import names
 from bench.harness import Recorder, Result, Size, percentile, progress
 
 REPO = Path(__file__).resolve().parent.parent
 BASELINE_PATH = Path(__file__).with_name("baseline.json")
 RUNTIME_VS_BASELINE = "runtime_vs_baseline"
-MEASURE_TIMEOUT_S = 600
-# Pairs of subprocesses: one pair's figures swing by a third on a shared machine.
-PAIRS: dict[Size, int] = {"smoke": 1, "quick": 5, "full": 7}
+ANSWER_TIMEOUT_S = 300
+ROUNDS: dict[Size, int] = {"smoke": 1, "quick": 8, "full": 30}
+# Work per side per round: overhead and timer chunks take about half a second each (ten keys,
+# ten 50 ms activations apiece), a suspension chunk about 30 ms.
+CHUNK: dict[Size, dict[str, int]] = {
+    "smoke": {"overhead_50": 20, "timer_baseline": 20, "suspension": 50},
+    "quick": {"overhead_50": 100, "timer_baseline": 100, "suspension": 200},
+    "full": {"overhead_50": 100, "timer_baseline": 100, "suspension": 200},
+}
+BASELINE, CURRENT = "baseline", "current"
+FREEZE = "freeze"  # a request: collect, then freeze the survivors (gc.freeze)
 
 
 @functools.cache
@@ -85,67 +99,149 @@ def baseline_package(commit: str, dest: Path) -> Path | None:
     return dest / "service"
 
 
-def measure(package: Path | None, size: Size, out: Path) -> dict[str, Any]:
-    """One subprocess's figures (``_measure``) with ``package`` (None: this tree's) first on
-    ``sys.path``."""
-    path = [str(package)] if package is not None else [str(REPO / "service")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(REPO)])}
-    run = subprocess.run(
-        [sys.executable, "-m", "bench.runtime_baseline", "--measure", str(out), "--size", size],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=MEASURE_TIMEOUT_S,
-        check=False,
-    )
-    if run.returncode != 0:
-        raise RuntimeError(f"runtime baseline measurement failed: {run.stderr[-2000:]}")
-    figures: dict[str, Any] = json.loads(out.read_text())
-    return figures
+class Side:
+    """A subprocess serving one keylane package's samples (``serve``), one chunk per ask."""
+
+    def __init__(self, package: Path | None, stderr: IO[bytes]) -> None:
+        path = [str(package)] if package is not None else [str(REPO / "service")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(REPO)])}
+        self._stderr = stderr
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "bench.runtime_baseline", "--serve"],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+        )
+        self.package: str = self._answer()["package"]
+
+    def samples(self, figure: str, count: int) -> list[float]:
+        """``count`` samples of ``figure`` (one of CHUNK's), in milliseconds."""
+        assert self._process.stdin is not None
+        self._process.stdin.write(f"{figure} {count}\n")
+        self._process.stdin.flush()
+        samples: list[float] = self._answer()
+        return samples
+
+    def p50(self, figure: str, count: int) -> float:
+        return percentile(sorted(self.samples(figure, count)), 50)
+
+    def _answer(self) -> Any:
+        stdout = self._process.stdout
+        assert stdout is not None
+        ready, _, _ = select.select([stdout], [], [], ANSWER_TIMEOUT_S)
+        line = stdout.readline() if ready else ""
+        if not line:
+            self.close()
+            self._stderr.seek(0)
+            why = self._stderr.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"runtime baseline measurement failed: {why or 'no answer'}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        """End the subprocess (its stdin closed: it answers what it was asked and exits)."""
+        if self._process.returncode is not None:
+            return
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._process.stdin.close()
+        try:
+            self._process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._process.stdout.close()
 
 
-async def _measure(size: Size) -> dict[str, Any]:
-    """overhead_50ms, timer_baseline_50ms and suspension_roundtrip once each, at ``size``'s
-    counts: the p50s and the own cost, and which keylane package ran."""
+def serve(requests: IO[str], answers: IO[str]) -> None:
+    """Answer each ``FIGURE N`` line of ``requests`` with N samples of FIGURE as one JSON line,
+    every chunk on the same microsecond-timer loop. No collection before each chunk: a full
+    collection walks every object and leaves the next chunk's first round trips on cold
+    caches (FREEZE, once after the warm-up, keeps the collector's scans short instead)."""
     import keylane
     from bench import runtime
 
-    counts = runtime.COUNTS[size]
-    with tempfile.TemporaryDirectory() as scratch:
-        recorder = Recorder(Path(scratch), size=size)
-        await runtime.bench_overhead(recorder, 50, counts["overhead_50"], 1)
-        await runtime.bench_timer_baseline(recorder, counts["overhead_50"], 1)
-        await runtime.bench_suspension_roundtrip(recorder, counts["suspend"], 1)
-        p50 = {name: percentile(sorted(result.samples), 50) for name, result in recorder.results.items()}
-    return {
-        "package": str(Path(keylane.__file__).parent),
-        "overhead_50ms_p50_ms": p50[names.OVERHEAD[50]],
-        "timer_baseline_p50_ms": p50[names.TIMER_BASELINE],
-        "own_cost_ms": p50[names.OVERHEAD[50]] - p50[names.TIMER_BASELINE],
-        "suspension_roundtrip_p50_ms": p50[names.SUSPENSION_ROUNDTRIP],
+    samplers = {
+        "overhead_50": runtime.overhead_sampler(50),
+        "timer_baseline": runtime.timer_lateness,
+        "suspension": runtime.suspension_sampler(),
     }
+    answers.write(json.dumps({"package": str(Path(keylane.__file__).parent)}) + "\n")
+    answers.flush()
+    with asyncio.Runner(loop_factory=runtime.select_loop) as runner:
+        for request in requests:
+            figure, count = request.split()
+            if figure == FREEZE:
+                gc.collect()
+                gc.freeze()
+                samples = []
+            else:
+                samples = runner.run(samplers[figure](int(count)))
+            answers.write(json.dumps(samples) + "\n")
+            answers.flush()
+
+
+def interleaved(sides: dict[str, Side], size: Size) -> dict[str, list[dict[str, Any]]]:
+    """ROUNDS[size] rounds of both sides' figures, back to back; each round's figures per side.
+    The side that goes first alternates, and within a round the overhead chunks run in one
+    order and the timer chunks in the other, so each side's own cost straddles the other's."""
+    chunk = CHUNK[size]
+    for side in sides.values():  # warm-up, discarded, then what survived it out of the collector's scans
+        for figure, count in chunk.items():
+            side.samples(figure, count)
+        side.samples(FREEZE, 0)
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+    for index in range(ROUNDS[size]):
+        order = [BASELINE, CURRENT] if index % 2 == 0 else [CURRENT, BASELINE]
+        overhead = {name: sides[name].p50("overhead_50", chunk["overhead_50"]) for name in order}
+        timer = {name: sides[name].p50("timer_baseline", chunk["timer_baseline"]) for name in reversed(order)}
+        suspension = {name: sides[name].p50("suspension", chunk["suspension"]) for name in order}
+        for name, side in sides.items():
+            rounds[name].append(
+                {
+                    "package": side.package,
+                    "overhead_50ms_p50_ms": overhead[name],
+                    "timer_baseline_p50_ms": timer[name],
+                    "own_cost_ms": overhead[name] - timer[name],
+                    "suspension_roundtrip_p50_ms": suspension[name],
+                }
+            )
+    return rounds
+
+
+def measure_both(package: Path, size: Size) -> dict[str, list[dict[str, Any]]]:
+    """The rounds of ``interleaved`` with the baseline's package and this tree's."""
+    sides: dict[str, Side] = {}
+    with tempfile.TemporaryFile() as baseline_stderr, tempfile.TemporaryFile() as current_stderr:
+        try:
+            sides[BASELINE] = Side(package, baseline_stderr)
+            sides[CURRENT] = Side(None, current_stderr)
+            return interleaved(sides, size)
+        finally:
+            for side in sides.values():
+                side.close()
 
 
 def compare(baseline_runs: list[dict[str, Any]], current_runs: list[dict[str, Any]], commit: str) -> Result:
-    """The result: each repetition's figures side by side, and the medians of their ratios."""
+    """The result: each round's figures side by side, and the medians of their ratios."""
     extra: dict[str, Any] = {"baseline_commit": commit, "baseline": baseline_runs, "current": current_runs}
     figures = (("own_cost_ms", "own_cost_ratio"), ("suspension_roundtrip_p50_ms", "suspension_ratio"))
     for figure, ratio_name in figures:
         pairs = zip(baseline_runs, current_runs, strict=True)
         ratios = [now[figure] / then[figure] for then, now in pairs if then[figure] > 0]
-        extra[f"{ratio_name}_by_repetition"] = ratios
+        extra[f"{ratio_name}_by_round"] = ratios
         extra[ratio_name] = statistics.median(ratios) if ratios else None
     return Result(
         name=RUNTIME_VS_BASELINE,
         unit="ratio",
-        repetitions=list(extra["suspension_ratio_by_repetition"]),
+        repetitions=list(extra["suspension_ratio_by_round"]),
         extra=extra,
     )
 
 
 async def run_baseline_comparison(recorder: Recorder, *, size: Size) -> None:
-    """Alternate the baseline's package and this tree's, PAIRS[size] times each."""
+    """The baseline's package and this tree's, interleaved over ROUNDS[size] rounds."""
     commit = baseline_commit()
     with tempfile.TemporaryDirectory(prefix="keylane-baseline-") as scratch:
         package = await asyncio.to_thread(baseline_package, commit, Path(scratch))
@@ -158,23 +254,17 @@ async def run_baseline_comparison(recorder: Recorder, *, size: Size) -> None:
                 )
             )
             return
-        reps = PAIRS[size]
-        progress(f"{RUNTIME_VS_BASELINE}: baseline {commit[:12]} and this tree, alternately, {reps} time(s)")
-        baseline_runs, current_runs = [], []
-        for rep in range(reps):
-            out = Path(scratch) / f"figures-{rep}.json"
-            baseline_runs.append(await asyncio.to_thread(measure, package, size, out))
-            current_runs.append(await asyncio.to_thread(measure, None, size, out))
-        recorder.add(compare(baseline_runs, current_runs, commit))
+        rounds = ROUNDS[size]
+        progress(f"{RUNTIME_VS_BASELINE}: baseline {commit[:12]} and this tree in turn, {rounds} round(s)")
+        figures = await asyncio.to_thread(measure_both, package, size)
+        recorder.add(compare(figures[BASELINE], figures[CURRENT], commit))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--measure", type=Path, required=True, help="write this subprocess's figures here")
-    parser.add_argument("--size", choices=["smoke", "quick", "full"], default="quick")
-    args = parser.parse_args(argv)
-    figures = asyncio.run(_measure(args.size))
-    args.measure.write_text(json.dumps(figures))
+    parser.add_argument("--serve", action="store_true", required=True, help="answer FIGURE N lines on stdin")
+    parser.parse_args(argv)
+    serve(sys.stdin, sys.stdout)
     return 0
 
 

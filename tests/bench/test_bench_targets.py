@@ -15,11 +15,18 @@ from bench.gate import evaluate
 from bench.harness import Result
 from bench.report import baseline_table, targets_table
 from bench.runtime_baseline import (
+    BASELINE,
+    CHUNK,
+    CURRENT,
+    FREEZE,
+    REPO,
     RUNTIME_VS_BASELINE,
+    Side,
     baseline_commit,
     baseline_package,
     compare,
     has_commit,
+    interleaved,
 )
 from bench.targets import TARGETS, baseline
 from keylane.keys import shard_key
@@ -102,7 +109,7 @@ def test_without_the_baseline_commit_the_own_cost_targets_use_the_stored_figures
     assert "not measured: shallow clone" in "\n".join(baseline_table(results))
 
 
-def test_the_same_run_ratios_are_the_medians_of_each_pairs_ratio() -> None:
+def test_the_same_run_ratios_are_the_medians_of_each_rounds_ratio() -> None:
     def figures(own_cost: float, suspension: float) -> dict[str, float]:
         return {"own_cost_ms": own_cost, "suspension_roundtrip_p50_ms": suspension}
 
@@ -114,6 +121,54 @@ def test_the_same_run_ratios_are_the_medians_of_each_pairs_ratio() -> None:
     assert result.repetitions == pytest.approx([0.5, 1.5, 0.25])
     table = "\n".join(baseline_table({RUNTIME_VS_BASELINE: result}))
     assert "| 2 | 2.000 | 0.600 | 0.2000 | 0.3000 |" in table
+
+
+def test_a_side_serves_chunks_of_samples_from_its_own_package(tmp_path: Path) -> None:
+    with (tmp_path / "stderr").open("w+b") as stderr:
+        side = Side(None, stderr)
+        try:
+            assert side.package == str(REPO / "service" / "keylane")
+            round_trips = side.samples("suspension", 7)
+            assert len(round_trips) == 7 and all(0 < ms < 1000 for ms in round_trips)
+            assert side.samples(FREEZE, 0) == []
+            assert len(side.samples("timer_baseline", 10)) == 10  # ten keys, one sleep each
+            with pytest.raises(RuntimeError, match="KeyError: 'no_such_figure'"):
+                side.samples("no_such_figure", 1)  # the side's own traceback, not a hang
+        finally:
+            side.close()
+
+
+def test_interleaved_rounds_take_turns_and_keep_each_sides_figures() -> None:
+    asked: list[tuple[str, str]] = []
+
+    class Recording:
+        def __init__(self, name: str, figures: dict[str, float]) -> None:
+            self.name, self.figures, self.package = name, figures, f"/{name}/keylane"
+
+        def samples(self, figure: str, count: int) -> list[float]:
+            asked.append((self.name, figure))
+            return [self.figures.get(figure, 0.0)] * max(count, 1)
+
+        def p50(self, figure: str, count: int) -> float:
+            return self.samples(figure, count)[0]
+
+    then = Recording(BASELINE, {"overhead_50": 1.0, "timer_baseline": 0.4, "suspension": 0.2})
+    now = Recording(CURRENT, {"overhead_50": 0.7, "timer_baseline": 0.4, "suspension": 0.1})
+    rounds = interleaved({BASELINE: then, CURRENT: now}, "smoke")  # type: ignore[dict-item]
+    (before,), (after,) = rounds[BASELINE], rounds[CURRENT]
+    assert before["own_cost_ms"] == pytest.approx(0.6) and after["own_cost_ms"] == pytest.approx(0.3)
+    assert (before["suspension_roundtrip_p50_ms"], after["package"]) == (0.2, "/current/keylane")
+    warm_up = [(side, figure) for side in (BASELINE, CURRENT) for figure in [*CHUNK["smoke"], FREEZE]]
+    assert asked[: len(warm_up)] == warm_up
+    # The round: overheads in one order, timers in the other, so each side's pair straddles the other's.
+    assert asked[len(warm_up) :] == [
+        (BASELINE, "overhead_50"),
+        (CURRENT, "overhead_50"),
+        (CURRENT, "timer_baseline"),
+        (BASELINE, "timer_baseline"),
+        (BASELINE, "suspension"),
+        (CURRENT, "suspension"),
+    ]
 
 
 def test_the_baseline_commits_package_is_unpacked_from_git(tmp_path: Path) -> None:
