@@ -15,8 +15,11 @@ with nothing else running, and one suspension round trip's p50 moved between 0.0
 0.14 ms with it. Figures measured in separate subprocesses, seconds apart, compared one
 window with another. So each round measures both sides back to back, the side that goes first
 alternating; a round's ratio compares figures taken within a second or two of each other, and
-the result keeps the median of the rounds' ratios. Without the commit (a shallow clone) the
-result says why, and the targets fall back to bench/baseline.json.
+the result keeps the median of the rounds' ratios. With this tree on both sides (full size),
+the suspension ratio came out 0.99-1.00 and the own-cost ratio 0.89-1.02 in four runs: the
+own cost is a difference of two figures of about 0.7 and 0.4 ms, each as noisy as the
+machine's timer wake-ups. Without the commit (a shallow clone) the result says why, and the
+targets fall back to bench/baseline.json.
 
     python -m bench.runtime_baseline --serve   # one side: reads "FIGURE N" lines, answers samples
 """
@@ -45,7 +48,12 @@ REPO = Path(__file__).resolve().parent.parent
 BASELINE_PATH = Path(__file__).with_name("baseline.json")
 RUNTIME_VS_BASELINE = "runtime_vs_baseline"
 ANSWER_TIMEOUT_S = 300
-ROUNDS: dict[Size, int] = {"smoke": 1, "quick": 8, "full": 30}
+ROUNDS: dict[Size, int] = {"smoke": 1, "quick": 8, "full": 32}
+# The rounds are split over this many pairs of subprocesses, the side started first
+# alternating: with this tree on both sides and one pair per run, the side started second had
+# the lower own cost in most runs (ratios 0.86-1.01 in nine runs of 30 rounds; started the
+# other way round, 1.00-1.10 in three).
+SESSIONS: dict[Size, int] = {"smoke": 1, "quick": 2, "full": 4}
 # Work per side per round: overhead and timer chunks take about half a second each (ten keys,
 # ten 50 ms activations apiece), a suspension chunk about 30 ms.
 CHUNK: dict[Size, dict[str, int]] = {
@@ -182,8 +190,8 @@ def serve(requests: IO[str], answers: IO[str]) -> None:
             answers.flush()
 
 
-def interleaved(sides: dict[str, Side], size: Size) -> dict[str, list[dict[str, Any]]]:
-    """ROUNDS[size] rounds of both sides' figures, back to back; each round's figures per side.
+def interleaved(sides: dict[str, Side], size: Size, rounds: int) -> dict[str, list[dict[str, Any]]]:
+    """``rounds`` rounds of both sides' figures, back to back; each round's figures per side.
     The side that goes first alternates, and within a round the overhead chunks run in one
     order and the timer chunks in the other, so each side's own cost straddles the other's."""
     chunk = CHUNK[size]
@@ -191,14 +199,14 @@ def interleaved(sides: dict[str, Side], size: Size) -> dict[str, list[dict[str, 
         for figure, count in chunk.items():
             side.samples(figure, count)
         side.samples(FREEZE, 0)
-    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
-    for index in range(ROUNDS[size]):
+    figures: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+    for index in range(rounds):
         order = [BASELINE, CURRENT] if index % 2 == 0 else [CURRENT, BASELINE]
         overhead = {name: sides[name].p50("overhead_50", chunk["overhead_50"]) for name in order}
         timer = {name: sides[name].p50("timer_baseline", chunk["timer_baseline"]) for name in reversed(order)}
         suspension = {name: sides[name].p50("suspension", chunk["suspension"]) for name in order}
         for name, side in sides.items():
-            rounds[name].append(
+            figures[name].append(
                 {
                     "package": side.package,
                     "overhead_50ms_p50_ms": overhead[name],
@@ -207,20 +215,30 @@ def interleaved(sides: dict[str, Side], size: Size) -> dict[str, list[dict[str, 
                     "suspension_roundtrip_p50_ms": suspension[name],
                 }
             )
-    return rounds
+    return figures
 
 
 def measure_both(package: Path, size: Size) -> dict[str, list[dict[str, Any]]]:
-    """The rounds of ``interleaved`` with the baseline's package and this tree's."""
-    sides: dict[str, Side] = {}
-    with tempfile.TemporaryFile() as baseline_stderr, tempfile.TemporaryFile() as current_stderr:
-        try:
-            sides[BASELINE] = Side(package, baseline_stderr)
-            sides[CURRENT] = Side(None, current_stderr)
-            return interleaved(sides, size)
-        finally:
-            for side in sides.values():
-                side.close()
+    """The rounds of ``interleaved`` with the baseline's package and this tree's, over
+    SESSIONS[size] pairs of subprocesses started in alternating order."""
+    figures: dict[str, list[dict[str, Any]]] = {BASELINE: [], CURRENT: []}
+    sessions = SESSIONS[size]
+    for session in range(sessions):
+        starting = [BASELINE, CURRENT] if session % 2 == 0 else [CURRENT, BASELINE]
+        rounds = ROUNDS[size] // sessions + (session < ROUNDS[size] % sessions)
+        sides: dict[str, Side] = {}
+        with tempfile.TemporaryFile() as baseline_stderr, tempfile.TemporaryFile() as current_stderr:
+            stderr = {BASELINE: baseline_stderr, CURRENT: current_stderr}
+            try:
+                for name in starting:
+                    sides[name] = Side(package if name == BASELINE else None, stderr[name])
+                measured = interleaved({name: sides[name] for name in (BASELINE, CURRENT)}, size, rounds)
+            finally:
+                for side in sides.values():
+                    side.close()
+        for name in figures:
+            figures[name] += measured[name]
+    return figures
 
 
 def compare(baseline_runs: list[dict[str, Any]], current_runs: list[dict[str, Any]], commit: str) -> Result:

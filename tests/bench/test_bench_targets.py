@@ -20,13 +20,16 @@ from bench.runtime_baseline import (
     CURRENT,
     FREEZE,
     REPO,
+    ROUNDS,
     RUNTIME_VS_BASELINE,
+    SESSIONS,
     Side,
     baseline_commit,
     baseline_package,
     compare,
     has_commit,
     interleaved,
+    measure_both,
 )
 from bench.targets import TARGETS, baseline
 from keylane.keys import shard_key
@@ -154,7 +157,7 @@ def test_interleaved_rounds_take_turns_and_keep_each_sides_figures() -> None:
 
     then = Recording(BASELINE, {"overhead_50": 1.0, "timer_baseline": 0.4, "suspension": 0.2})
     now = Recording(CURRENT, {"overhead_50": 0.7, "timer_baseline": 0.4, "suspension": 0.1})
-    rounds = interleaved({BASELINE: then, CURRENT: now}, "smoke")  # type: ignore[dict-item]
+    rounds = interleaved({BASELINE: then, CURRENT: now}, "smoke", 1)  # type: ignore[dict-item]
     (before,), (after,) = rounds[BASELINE], rounds[CURRENT]
     assert before["own_cost_ms"] == pytest.approx(0.6) and after["own_cost_ms"] == pytest.approx(0.3)
     assert (before["suspension_roundtrip_p50_ms"], after["package"]) == (0.2, "/current/keylane")
@@ -169,6 +172,36 @@ def test_interleaved_rounds_take_turns_and_keep_each_sides_figures() -> None:
         (BASELINE, "suspension"),
         (CURRENT, "suspension"),
     ]
+
+
+def test_the_rounds_are_split_over_pairs_of_subprocesses_started_in_alternating_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started: list[str] = []
+
+    class Started:
+        def __init__(self, package: Path | None, stderr: object) -> None:
+            self.name = BASELINE if package is not None else CURRENT
+            self.package = f"/{self.name}/keylane"
+            started.append(self.name)
+
+        def samples(self, figure: str, count: int) -> list[float]:
+            return [{BASELINE: 2.0, CURRENT: 1.0}[self.name]]
+
+        def p50(self, figure: str, count: int) -> float:
+            return self.samples(figure, count)[0]
+
+        def close(self) -> None:
+            started.append(f"closed {self.name}")
+
+    monkeypatch.setattr("bench.runtime_baseline.Side", Started)
+    figures = measure_both(Path("/baseline"), "quick")
+    assert SESSIONS["quick"] == 2
+    first = [BASELINE, CURRENT, f"closed {BASELINE}", f"closed {CURRENT}"]
+    second = [CURRENT, BASELINE, f"closed {CURRENT}", f"closed {BASELINE}"]
+    assert started == [*first, *second]
+    assert len(figures[BASELINE]) == len(figures[CURRENT]) == ROUNDS["quick"]
+    assert {round["package"] for round in figures[CURRENT]} == {"/current/keylane"}
 
 
 def test_the_baseline_commits_package_is_unpacked_from_git(tmp_path: Path) -> None:
