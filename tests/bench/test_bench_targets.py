@@ -155,11 +155,13 @@ def test_interleaved_rounds_take_turns_and_keep_each_sides_figures() -> None:
         def p50(self, figure: str, count: int) -> float:
             return self.samples(figure, count)[0]
 
-    then = Recording(BASELINE, {"overhead_50": 1.0, "timer_baseline": 0.4, "suspension": 0.2})
-    now = Recording(CURRENT, {"overhead_50": 0.7, "timer_baseline": 0.4, "suspension": 0.1})
+    then = Recording(BASELINE, {"overhead_50": 1.0, "timer_baseline": 0.5, "suspension": 0.2})
+    now = Recording(CURRENT, {"overhead_50": 0.7, "timer_baseline": 0.3, "suspension": 0.1})
     rounds = interleaved({BASELINE: then, CURRENT: now}, "smoke", 1)  # type: ignore[dict-item]
     (before,), (after,) = rounds[BASELINE], rounds[CURRENT]
+    # The timer baseline runs no keylane code: both own costs subtract the round's mean wake-up.
     assert before["own_cost_ms"] == pytest.approx(0.6) and after["own_cost_ms"] == pytest.approx(0.3)
+    assert (before["timer_baseline_p50_ms"], after["timer_baseline_p50_ms"]) == (0.5, 0.3)
     assert (before["suspension_roundtrip_p50_ms"], after["package"]) == (0.2, "/current/keylane")
     warm_up = [(side, figure) for side in (BASELINE, CURRENT) for figure in [*CHUNK["smoke"], FREEZE]]
     assert asked[: len(warm_up)] == warm_up
