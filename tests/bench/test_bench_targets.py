@@ -141,22 +141,36 @@ def test_a_side_serves_chunks_of_samples_from_its_own_package(tmp_path: Path) ->
             side.close()
 
 
+FAKE_FIGURES = {
+    BASELINE: {"overhead_50": 1.0, "timer_baseline": 0.5, "suspension": 0.2},
+    CURRENT: {"overhead_50": 0.7, "timer_baseline": 0.3, "suspension": 0.1},
+}
+
+
+class FakeSide:
+    """A Side without a subprocess: the baseline's package (a path) or this tree's (None),
+    answering each figure with its FAKE_FIGURES value and logging what it was asked."""
+
+    def __init__(self, package: Path | None, stderr: object, log: list[tuple[str, str]]) -> None:
+        self.name = BASELINE if package is not None else CURRENT
+        self.package, self.log = f"/{self.name}/keylane", log
+        log.append(("started", self.name))
+
+    def samples(self, figure: str, count: int) -> list[float]:
+        self.log.append((self.name, figure))
+        return [FAKE_FIGURES[self.name].get(figure, 0.0)] * max(count, 1)
+
+    def p50(self, figure: str, count: int) -> float:
+        return self.samples(figure, count)[0]
+
+    def close(self) -> None:
+        self.log.append(("closed", self.name))
+
+
 def test_interleaved_rounds_take_turns_and_keep_each_sides_figures() -> None:
     asked: list[tuple[str, str]] = []
-
-    class Recording:
-        def __init__(self, name: str, figures: dict[str, float]) -> None:
-            self.name, self.figures, self.package = name, figures, f"/{name}/keylane"
-
-        def samples(self, figure: str, count: int) -> list[float]:
-            asked.append((self.name, figure))
-            return [self.figures.get(figure, 0.0)] * max(count, 1)
-
-        def p50(self, figure: str, count: int) -> float:
-            return self.samples(figure, count)[0]
-
-    then = Recording(BASELINE, {"overhead_50": 1.0, "timer_baseline": 0.5, "suspension": 0.2})
-    now = Recording(CURRENT, {"overhead_50": 0.7, "timer_baseline": 0.3, "suspension": 0.1})
+    then, now = FakeSide(Path("/baseline"), None, asked), FakeSide(None, None, asked)
+    del asked[:]
     rounds = interleaved({BASELINE: then, CURRENT: now}, "smoke", 1)  # type: ignore[dict-item]
     (before,), (after,) = rounds[BASELINE], rounds[CURRENT]
     # The timer baseline runs no keylane code: both own costs subtract the round's mean wake-up.
@@ -179,28 +193,13 @@ def test_interleaved_rounds_take_turns_and_keep_each_sides_figures() -> None:
 def test_the_rounds_are_split_over_pairs_of_subprocesses_started_in_alternating_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    started: list[str] = []
-
-    class Started:
-        def __init__(self, package: Path | None, stderr: object) -> None:
-            self.name = BASELINE if package is not None else CURRENT
-            self.package = f"/{self.name}/keylane"
-            started.append(self.name)
-
-        def samples(self, figure: str, count: int) -> list[float]:
-            return [{BASELINE: 2.0, CURRENT: 1.0}[self.name]]
-
-        def p50(self, figure: str, count: int) -> float:
-            return self.samples(figure, count)[0]
-
-        def close(self) -> None:
-            started.append(f"closed {self.name}")
-
-    monkeypatch.setattr("bench.runtime_baseline.Side", Started)
+    log: list[tuple[str, str]] = []
+    monkeypatch.setattr("bench.runtime_baseline.Side", lambda package, stderr: FakeSide(package, stderr, log))
     figures = measure_both(Path("/baseline"), "quick")
     assert SESSIONS["quick"] == 2
-    first = [BASELINE, CURRENT, f"closed {BASELINE}", f"closed {CURRENT}"]
-    second = [CURRENT, BASELINE, f"closed {CURRENT}", f"closed {BASELINE}"]
+    started = [entry for entry in log if entry[0] in ("started", "closed")]
+    first = [("started", BASELINE), ("started", CURRENT), ("closed", BASELINE), ("closed", CURRENT)]
+    second = [("started", CURRENT), ("started", BASELINE), ("closed", CURRENT), ("closed", BASELINE)]
     assert started == [*first, *second]
     assert len(figures[BASELINE]) == len(figures[CURRENT]) == ROUNDS["quick"]
     assert {round["package"] for round in figures[CURRENT]} == {"/current/keylane"}
