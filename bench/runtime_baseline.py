@@ -56,7 +56,7 @@ ANSWER_TIMEOUT_S = 300
 ROUNDS: dict[Size, int] = {"smoke": 1, "quick": 8, "full": 32}
 # The rounds are split over this many pairs of subprocesses, the side started first
 # alternating: with this tree on both sides and one pair per run, the side started second had
-# the lower own cost in most runs (ratios 0.86-1.01 in nine runs of 30 rounds; started the
+# the lower own cost in most runs (ratios 0.86-1.01 in twelve runs of 30 rounds; started the
 # other way round, 1.00-1.10 in three).
 SESSIONS: dict[Size, int] = {"smoke": 1, "quick": 2, "full": 4}
 # Work per side per round: overhead and timer chunks take about half a second each (ten keys,
