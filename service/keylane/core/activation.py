@@ -77,7 +77,6 @@ from keylane.core.quarantine import Quarantine
 from keylane.core.replay_cache import ReplayCache
 from keylane.core.state import (
     NO_MEMORY,
-    SETTLED_INTENTS_KEPT,
     BufferedEvent,
     Continuation,
     IntentKind,
@@ -89,8 +88,10 @@ from keylane.core.state import (
     UnencodableState,
     UnreadableState,
     encode_state,
+    is_settled,
     over_limit,
     seal,
+    settle,
     waiting_input,
 )
 from keylane.core.timeouts import collected, fire_is_due, timed_out
@@ -405,7 +406,7 @@ class KeyRuntime:
         waits for any more, else why it is an orphaned_result."""
         cont = state.continuation
         if cont is None or resume.intent_id not in cont.pending_intent_ids:
-            if resume.intent_id in state.settled_intents:
+            if is_settled(state, resume.intent_id):
                 return UNAWAITED
             return "no_continuation" if cont is None else "unknown_intent"
         pending = state.pending.get(resume.intent_id)
@@ -585,6 +586,7 @@ class KeyRuntime:
             metrics.TOOL_CALLS.inc(ctx.stats.tool_calls)
         if soft_cap_hit:
             metrics.MEMORY_SOFT_CAP_WARNINGS.inc()
+        settled_ids, settled_intents = settle(state, settled)
         next_state = struct_replace(
             state,
             seq=state.seq + 1,
@@ -595,7 +597,8 @@ class KeyRuntime:
             # would cost every later commit their bytes for nothing.
             llm_cache=cache.entries() if continuation is not None else [],
             pending=pending,
-            settled_intents=_kept_settled(state.settled_intents, settled),
+            settled_ids=settled_ids,
+            settled_intents=settled_intents,
         )
         if isinstance(next_state, PagedKeyState):
             layout = struct_replace(
@@ -944,9 +947,3 @@ def _owned(state: KeyState, record: InputRecord) -> KeyState:
     if record.epoch <= state.epoch:
         return state
     return struct_replace(state, epoch=record.epoch)
-
-
-def _kept_settled(kept: list[str], new: list[str]) -> list[str]:
-    if not new:
-        return kept
-    return [*kept, *new][-SETTLED_INTENTS_KEPT:]

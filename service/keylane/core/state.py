@@ -19,9 +19,14 @@ Next to the five cells the record keeps what redelivery safety needs:
   ``max_buffered_events`` / ``max_buffered_bytes``);
 * ``timers``: the key's armed HITL and TTL timers (deadline and token), so a timer lives and
   moves with the key's partition;
-* ``settled_intents``: the ids of the key's last SETTLED_INTENTS_KEPT intents that nobody
-  waits for any more (resumed, or emitted by an activation that completed), so their late or
-  repeated results are acknowledged instead of dead-lettered;
+* ``settled_ids`` and ``settled_intents``: the ids of the key's last SETTLED_INTENTS_KEPT
+  intents that nobody waits for any more (resumed, or emitted by an activation that
+  completed), so their late or repeated results are acknowledged instead of dead-lettered.
+  Every id keylane mints is a UUID (keylane.ids), kept in ``settled_ids`` as its 16 bytes:
+  a long-lived key carries up to SETTLED_INTENTS_KEPT of them on every commit, and as
+  36-character strings they were most of a suspended key's record. ``settled_intents`` keeps
+  any other id, and those of a blob written before ``settled_ids``, until the key's next
+  commit moves them (``settle``);
 * ``paused`` and ``held``: who paused the key (``keylane pause``) and the inputs of any kind
   that reached it since, stored as queued events are, run in order when it is resumed.
 
@@ -55,6 +60,12 @@ this code reads:
   reading it as a key without memory. The record a paged memory empties into
   (EmptiedKeyState) adds ``emptied_buckets`` and says the version its other cells need: a
   keylane before it reads it as a KeyState.
+
+``settled_ids`` came without a version: a keylane before it reads such a blob as it reads
+every other of the blob's version, without the ids it holds, and would only dead-letter a late
+result of those intents as an orphaned_result instead of acknowledging it (on
+agent.errors: visible, and nothing is lost). Saying a new version would have made it refuse,
+and quarantine, almost every key that ever used a tool.
 
 Apart from paged memory, the whole blob must fit in one changelog record: the runtime checks
 every state it commits against the key's limit (see service/keylane/core/activation.py,
@@ -244,6 +255,8 @@ class KeyState(msgspec.Struct, kw_only=True):
     buffered: list[BufferedEvent] = msgspec.field(default_factory=list)
     timers: dict[TimerKind, ArmedTimer] = msgspec.field(default_factory=dict)
     settled_intents: list[str] = msgspec.field(default_factory=list)
+    """Settled intent ids that are not canonical UUID strings, or from an older blob
+    (see ``settled_ids``)."""
     epoch: int = 0
     """The owner epoch of the worker that wrote this state (the consumer group generation it
     held the partition in; service/keylane/kafka/epochs.py): a restore never lets a write of
@@ -252,6 +265,9 @@ class KeyState(msgspec.Struct, kw_only=True):
     held: list[BufferedEvent] = msgspec.field(default_factory=list)
     """The inputs (events, results, approvals, operator commands) that reached the key while it
     was paused, in arrival order; run when it is resumed."""
+    settled_ids: bytes = b""
+    """The settled intent ids that are canonical UUID strings, 16 bytes each, oldest first
+    (``settle``, ``is_settled``)."""
 
 
 class PagedKeyState(KeyState, kw_only=True):
@@ -464,6 +480,73 @@ def _readable(blob: bytes, *, paged: bool = False) -> KeyState:
             f"the key's next state would not decode ({exc}): a value of the wrong type reached it; "
             "nothing was committed"
         ) from None
+
+
+_UUID_BYTES = 16
+_SETTLED_IDS_BYTES = SETTLED_INTENTS_KEPT * _UUID_BYTES
+
+
+def _uuid_bytes(intent_id: str) -> bytes | None:
+    """The 16 bytes of ``intent_id`` if it is a UUID in canonical form (lower-case hex, dashed
+    8-4-4-4-12, as keylane.ids writes them), which is what gives it back exactly; else None."""
+    if (
+        len(intent_id) != 36
+        or intent_id[8:24:5] != "----"  # the dashes of 8-4-4-4-12
+        or intent_id.lower() != intent_id
+    ):
+        return None
+    try:
+        raw = bytes.fromhex(intent_id.replace("-", ""))
+    except ValueError:
+        return None
+    return raw if len(raw) == _UUID_BYTES else None  # fromhex skips whitespace
+
+
+def _uuid_text(raw: bytes) -> str:
+    text = raw.hex()
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+def is_settled(state: KeyState, intent_id: str) -> bool:
+    """Whether ``intent_id`` is one of ``state``'s settled intents."""
+    if intent_id in state.settled_intents:
+        return True
+    raw = _uuid_bytes(intent_id)
+    if raw is None:
+        return False
+    kept = state.settled_ids
+    at = kept.find(raw)
+    while at > 0 and at % _UUID_BYTES:  # a match must start on an id's boundary
+        at = kept.find(raw, at + 1)
+    return at >= 0
+
+
+def settled_intent_ids(state: KeyState) -> list[str]:
+    """``state``'s settled intent ids as strings: those kept as strings, then the others,
+    each group oldest first."""
+    kept = state.settled_ids
+    compact = [_uuid_text(kept[at : at + _UUID_BYTES]) for at in range(0, len(kept), _UUID_BYTES)]
+    return [*state.settled_intents, *compact]
+
+
+def settle(state: KeyState, intent_ids: list[str]) -> tuple[bytes, list[str]]:
+    """The ``settled_ids`` and ``settled_intents`` of ``state`` once ``intent_ids`` settled too:
+    the newest SETTLED_INTENTS_KEPT of each form, with every UUID among the strings (a blob
+    from before ``settled_ids``) moved to the compact form, ahead of the new ones."""
+    if not state.settled_intents:
+        if not intent_ids:
+            return state.settled_ids, state.settled_intents
+        if len(intent_ids) == 1 and (raw := _uuid_bytes(intent_ids[0])) is not None:  # a resume's
+            return (state.settled_ids + raw)[-_SETTLED_IDS_BYTES:], state.settled_intents
+    compact = [state.settled_ids]
+    others: list[str] = []
+    for intent_id in [*state.settled_intents, *intent_ids]:
+        raw = _uuid_bytes(intent_id)
+        if raw is None:
+            others.append(intent_id)
+        else:
+            compact.append(raw)
+    return b"".join(compact)[-_SETTLED_IDS_BYTES:], others[-SETTLED_INTENTS_KEPT:]
 
 
 def over_limit(state: KeyState, limit: int) -> str:

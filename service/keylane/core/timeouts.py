@@ -50,6 +50,7 @@ def collected(
     tombstone = KeyState(
         seq=state.seq,
         applied=applied_with(state, record),
+        settled_ids=state.settled_ids,
         settled_intents=state.settled_intents,
         epoch=state.epoch,
     )

@@ -16,7 +16,7 @@ from keylane import metrics
 from keylane.authoring.api import AgentConfig, Complete, Suspend
 from keylane.authoring.context import ActivationContext
 from keylane.catalog import EVENTS, EVENTS_SHARDED, OUTPUT
-from keylane.core.state import SETTLED_INTENTS_KEPT, encode_state
+from keylane.core.state import SETTLED_INTENTS_KEPT, encode_state, settled_intent_ids
 from keylane.records import ORIGIN_HEADER, InputRecord, origin_header, origin_of
 from keylane.signing import Keyring
 from keylane.testing import AgentHarness, ManualClock
@@ -186,9 +186,11 @@ async def test_settled_intents_are_bounded() -> None:
     harness = AgentHarness(acts_a_lot, AgentConfig(), clock=ManualClock())
     await harness.send_event(KEY, "go")
 
-    settled = harness.state(KEY).settled_intents
+    state = harness.state(KEY)
+    settled = settled_intent_ids(state)
     assert len(settled) == SETTLED_INTENTS_KEPT
-    assert settled[-1] == harness.intents()[-1].intent_id
+    assert settled == [i.intent_id for i in harness.intents()[-SETTLED_INTENTS_KEPT:]]
+    assert state.settled_intents == [], "every id keylane mints is kept as its 16 bytes"
 
 
 class AsksApproval:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import msgspec
 import pytest
 
@@ -27,7 +29,9 @@ from keylane.core.state import (
     emptied,
     encode_state,
     epoch_of,
+    is_settled,
     paged,
+    settle,
     unpaged,
 )
 
@@ -140,9 +144,9 @@ GOLDEN_V4_HEX = (
 )
 
 
-# The msgpack bytes of reference_state() under STATE_SCHEMA_VERSION 5. Never edit by hand to
-# make the test pass: a new encoding needs a new schema version and a migration.
-GOLDEN_HEX = (
+# The msgpack bytes of reference_state(5), written by schema version 5 before ``settled_ids``
+# (no version came with it: see the docstring of keylane.core.state).
+GOLDEN_V5_HEX = (
     "8eb473746174655f736368656d615f76657273696f6e05a373657107a66d656d6f727981a7656e747269657382a46e61"
     "6d6583a576616c7565a3616461a472696e67c2ae6c6173745f6163636573735f6d73cd03e8a6726563656e7483a57661"
     "6c75659301a374776fc40103a472696e67c3ae6c6173745f6163636573735f6d73cd07d0ac636f6e74696e756174696f"
@@ -172,12 +176,49 @@ GOLDEN_HEX = (
 )
 
 
-def reference_state(version: int = PAUSED_SCHEMA_VERSION) -> KeyState:
+# The msgpack bytes of reference_state(settled_ids=True) under STATE_SCHEMA_VERSION 5. Never
+# edit by hand to make the test pass: a new encoding needs a new schema version and a
+# migration, or a field an older keylane can ignore (and the reason it can, in the docstring
+# of keylane.core.state).
+GOLDEN_HEX = (
+    "8fb473746174655f736368656d615f76657273696f6e05a373657107a66d656d6f727981a7656e747269657382a46e61"
+    "6d6583a576616c7565a3616461a472696e67c2ae6c6173745f6163636573735f6d73cd03e8a6726563656e7483a57661"
+    "6c75659301a374776fc40103a472696e67c3ae6c6173745f6163636573735f6d73cd07d0ac636f6e74696e756174696f"
+    "6e87a373657106aa737465705f696e64657803b270656e64696e675f696e74656e745f69647392a8696e74656e742d61"
+    "a8696e74656e742d62a8736e617073686f74c404736e6170af73757370656e6465645f61745f6d73cd0bb8ab64656164"
+    "6c696e655f6d73cd0fa0ab657363616c6174696f6e7301a96c6c6d5f63616368659189a963616368655f6b6579a2636b"
+    "a8726573706f6e7365c40472657370a6646967657374a26431aa637265617465645f6d73cd1388ab6469676573745f6f"
+    "6e6c79c3a86d6f64656c5f6964a666616b652d31ad70726f6d70745f746f6b656e730bb1636f6d706c6574696f6e5f74"
+    "6f6b656e730ca473697a657ba770656e64696e6781a8696e74656e742d6184a9696e74656e745f6964a8696e74656e74"
+    "2d61a4746f6f6ca6726566756e64a46b696e64a8617070726f76616cad657870697265735f61745f6d73cd1770a76170"
+    "706c69656483b370726f642e6167656e742e6576656e74732f3229b470726f642e6167656e742e726573756c74732f32"
+    "09b370726f642e6167656e742e6576656e74732f3511a66f7574626f789188a97265636f72645f6964a56f75742d31a5"
+    "746f706963ac6167656e742e6572726f7273a36b6579c4036b2330a576616c7565c4027b7dac6f726967696e5f746f70"
+    "6963ac6167656e742e6576656e7473ad6f726967696e5f6f666673657429a56c6162656cb061637469766174696f6e5f"
+    "6572726f72ad6f726967696e5f73747265616db370726f642e6167656e742e6576656e74732f32a86275666665726564"
+    "9186a576616c7565c4197b2276223a312c227061796c6f6164223a226c61746572227dac6f726967696e5f746f706963"
+    "ac6167656e742e6576656e7473b36f726967696e5f62726f6b65725f746f706963b170726f642e6167656e742e657665"
+    "6e7473b06f726967696e5f706172746974696f6e02ad6f726967696e5f6f66667365742aa7636f70795f6f6693b17072"
+    "6f642e6167656e742e6576656e74730512a674696d65727382a46869746c82ab646561646c696e655f6d73cd2328a574"
+    "6f6b656eab6869746c3a373a39303030a374746c82ab646561646c696e655f6d73ce003711a8a5746f6b656ead74746c"
+    "3a373a33363039303030af736574746c65645f696e74656e747391a8696e74656e742d7aa565706f63680ca670617573"
+    "656484a86f70657261746f72a3616461a6726561736f6eac726566756e6473206c6f6f70a561745f6d73cd1f40aa636f"
+    "6d6d616e645f6964a5636d642d31a468656c649186a576616c7565c4187b22696e74656e745f6964223a22696e74656e"
+    "742d61227dac6f726967696e5f746f706963ad6167656e742e726573756c7473b36f726967696e5f62726f6b65725f74"
+    "6f706963b270726f642e6167656e742e726573756c7473b06f726967696e5f706172746974696f6e02ad6f726967696e"
+    "5f6f66667365740aa7636f70795f6f66c0ab736574746c65645f696473c4103f1c9e2a7b4d5e8fa1b2c3d4e5f60718"
+)
+
+SETTLED_UUID = "3f1c9e2a-7b4d-5e8f-a1b2-c3d4e5f60718"
+
+
+def reference_state(version: int = PAUSED_SCHEMA_VERSION, *, settled_ids: bool = False) -> KeyState:
     """A KeyState with every field (nested ones included) set away from its default; as
     schema ``version`` 1 wrote it, the fields version 2 added are left at their defaults.
     Version 3 added nothing, so reference_state(2) and reference_state(3) differ only in
     their version (what a v2 blob stored twice, decoding drops); version 4 added ``epoch``,
-    version 5 ``paused`` and ``held``."""
+    version 5 ``paused`` and ``held``. ``settled_ids`` came without a version: only a state
+    written since has them."""
     state = KeyState(
         state_schema_version=version,
         seq=7,
@@ -259,11 +300,13 @@ def reference_state(version: int = PAUSED_SCHEMA_VERSION) -> KeyState:
                 origin_offset=10,
             )
         ]
+    if settled_ids:
+        state.settled_ids = uuid.UUID(SETTLED_UUID).bytes
     return state
 
 
-# The msgpack bytes of the reference state with its memory paged (version 6): a PagedKeyState
-# whose record leaves memory to its pages, and one of those pages.
+# The msgpack bytes of the reference state with its memory paged, written by schema version 6
+# before ``settled_ids``: a PagedKeyState whose record leaves memory to its pages.
 GOLDEN_V6_HEX = (
     "8fb473746174655f736368656d615f76657273696f6e06a373657107a66d656d6f727981a7656e747269657380ac636f"
     "6e74696e756174696f6e87a373657106aa737465705f696e64657803b270656e64696e675f696e74656e745f69647392"
@@ -291,6 +334,35 @@ GOLDEN_V6_HEX = (
     "6e02ad6f726967696e5f6f66667365740aa7636f70795f6f66c0a5706167657383a76275636b65747310a5736c6f7473"
     "c4020580ac6d656d6f72795f627974657328"
 )
+# The same under STATE_SCHEMA_VERSION 6 now (paged_reference_state()), and one of its pages.
+GOLDEN_PAGED_HEX = (
+    "de0010b473746174655f736368656d615f76657273696f6e06a373657107a66d656d6f727981a7656e747269657380ac"
+    "636f6e74696e756174696f6e87a373657106aa737465705f696e64657803b270656e64696e675f696e74656e745f6964"
+    "7392a8696e74656e742d61a8696e74656e742d62a8736e617073686f74c404736e6170af73757370656e6465645f6174"
+    "5f6d73cd0bb8ab646561646c696e655f6d73cd0fa0ab657363616c6174696f6e7301a96c6c6d5f63616368659189a963"
+    "616368655f6b6579a2636ba8726573706f6e7365c40472657370a6646967657374a26431aa637265617465645f6d73cd"
+    "1388ab6469676573745f6f6e6c79c3a86d6f64656c5f6964a666616b652d31ad70726f6d70745f746f6b656e730bb163"
+    "6f6d706c6574696f6e5f746f6b656e730ca473697a657ba770656e64696e6781a8696e74656e742d6184a9696e74656e"
+    "745f6964a8696e74656e742d61a4746f6f6ca6726566756e64a46b696e64a8617070726f76616cad657870697265735f"
+    "61745f6d73cd1770a76170706c69656483b370726f642e6167656e742e6576656e74732f3229b470726f642e6167656e"
+    "742e726573756c74732f3209b370726f642e6167656e742e6576656e74732f3511a66f7574626f789188a97265636f72"
+    "645f6964a56f75742d31a5746f706963ac6167656e742e6572726f7273a36b6579c4036b2330a576616c7565c4027b7d"
+    "ac6f726967696e5f746f706963ac6167656e742e6576656e7473ad6f726967696e5f6f666673657429a56c6162656cb0"
+    "61637469766174696f6e5f6572726f72ad6f726967696e5f73747265616db370726f642e6167656e742e6576656e7473"
+    "2f32a862756666657265649186a576616c7565c4197b2276223a312c227061796c6f6164223a226c61746572227dac6f"
+    "726967696e5f746f706963ac6167656e742e6576656e7473b36f726967696e5f62726f6b65725f746f706963b170726f"
+    "642e6167656e742e6576656e7473b06f726967696e5f706172746974696f6e02ad6f726967696e5f6f66667365742aa7"
+    "636f70795f6f6693b170726f642e6167656e742e6576656e74730512a674696d65727382a46869746c82ab646561646c"
+    "696e655f6d73cd2328a5746f6b656eab6869746c3a373a39303030a374746c82ab646561646c696e655f6d73ce003711"
+    "a8a5746f6b656ead74746c3a373a33363039303030af736574746c65645f696e74656e747391a8696e74656e742d7aa5"
+    "65706f63680ca670617573656484a86f70657261746f72a3616461a6726561736f6eac726566756e6473206c6f6f70a5"
+    "61745f6d73cd1f40aa636f6d6d616e645f6964a5636d642d31a468656c649186a576616c7565c4187b22696e74656e74"
+    "5f6964223a22696e74656e742d61227dac6f726967696e5f746f706963ad6167656e742e726573756c7473b36f726967"
+    "696e5f62726f6b65725f746f706963b270726f642e6167656e742e726573756c7473b06f726967696e5f706172746974"
+    "696f6e02ad6f726967696e5f6f66667365740aa7636f70795f6f66c0ab736574746c65645f696473c4103f1c9e2a7b4d"
+    "5e8fa1b2c3d4e5f60718a5706167657383a76275636b65747310a5736c6f7473c4020580ac6d656d6f72795f62797465"
+    "7328"
+)
 GOLDEN_PAGE_HEX = (
     "82a565706f63680ca7656e747269657382a46e616d6583a576616c7565a3616461a472696e67c2ae6c6173745f616363"
     "6573735f6d73cd03e8a6726563656e7483a576616c75659301a374776fc40103a472696e67c3ae6c6173745f61636365"
@@ -298,14 +370,14 @@ GOLDEN_PAGE_HEX = (
 )
 
 
-def paged_reference_state() -> PagedKeyState:
+def paged_reference_state(*, settled_ids: bool = True) -> PagedKeyState:
     layout = PageLayout(buckets=16, slots=b"\x05\x80", memory_bytes=40)
-    return paged(reference_state(STATE_SCHEMA_VERSION), layout)
+    return paged(reference_state(STATE_SCHEMA_VERSION, settled_ids=settled_ids), layout)
 
 
 def test_the_reference_state_encodes_to_the_golden_bytes() -> None:
     assert STATE_SCHEMA_VERSION == 6
-    assert encode_state(reference_state()).hex() == GOLDEN_HEX, (
+    assert encode_state(reference_state(settled_ids=True)).hex() == GOLDEN_HEX, (
         "the state encoding changed: bump STATE_SCHEMA_VERSION and add a migration"
     )
 
@@ -313,12 +385,17 @@ def test_the_reference_state_encodes_to_the_golden_bytes() -> None:
 def test_a_paged_state_encodes_to_the_golden_bytes_without_its_memory() -> None:
     blob = encode_state(paged_reference_state())
 
-    assert blob.hex() == GOLDEN_V6_HEX, "the paged state encoding changed: bump STATE_SCHEMA_VERSION"
+    assert blob.hex() == GOLDEN_PAGED_HEX, "the paged state encoding changed: bump STATE_SCHEMA_VERSION"
     decoded = decode_state(blob)
     assert isinstance(decoded, PagedKeyState)
     assert decoded.state_schema_version == 6
     assert decoded.memory.entries == {}  # read from the pages (keylane.core.key_states)
     assert msgspec.structs.replace(decoded, memory=reference_state().memory) == paged_reference_state()
+    before = decode_state(bytes.fromhex(GOLDEN_V6_HEX))  # written before settled_ids
+    assert isinstance(before, PagedKeyState)
+    assert msgspec.structs.replace(before, memory=reference_state().memory) == paged_reference_state(
+        settled_ids=False
+    )
     assert [decoded.pages.slot(b) for b in range(16)] == [1, 0, 1] + [0] * 12 + [1]
     assert epoch_of(blob) == 12
 
@@ -332,12 +409,34 @@ def test_a_memory_page_encodes_to_the_golden_bytes() -> None:
 
 def test_a_version_5_keylane_refuses_a_paged_blob() -> None:
     """A keylane that does not know pages must not read a paged key as one without memory."""
-    version = msgspec.msgpack.decode(bytes.fromhex(GOLDEN_V6_HEX), type=_Version4Reader).state_schema_version
+    version = msgspec.msgpack.decode(
+        bytes.fromhex(GOLDEN_PAGED_HEX), type=_Version4Reader
+    ).state_schema_version
     assert version > 5
 
 
 def test_the_golden_bytes_decode_to_the_reference_state() -> None:
-    assert decode_state(bytes.fromhex(GOLDEN_HEX)) == reference_state()
+    assert decode_state(bytes.fromhex(GOLDEN_HEX)) == reference_state(settled_ids=True)
+
+
+def test_a_blob_from_before_settled_ids_decodes_and_its_next_commit_makes_its_uuids_compact() -> None:
+    state = decode_state(bytes.fromhex(GOLDEN_V5_HEX))
+    assert state == reference_state(5)
+    state.settled_intents = ["intent-z", SETTLED_UUID]  # as a writer before settled_ids kept them
+
+    settled_ids, settled_intents = settle(state, [])
+
+    assert (settled_ids, settled_intents) == (uuid.UUID(SETTLED_UUID).bytes, ["intent-z"])
+    assert is_settled(state, SETTLED_UUID) and is_settled(state, "intent-z")  # before the commit too
+
+
+def test_settled_ids_say_no_new_version_and_an_older_keylane_reads_past_them() -> None:
+    """An older keylane ignores the field (see keylane.core.state): it reads the rest."""
+    blob = encode_state(reference_state(4, settled_ids=True))
+
+    old = msgspec.msgpack.decode(blob, type=_Version4Reader)
+    assert (old.state_schema_version, old.seq, old.epoch) == (4, 7, 12)
+    assert decode_state(blob).settled_ids == uuid.UUID(SETTLED_UUID).bytes
 
 
 def test_a_version_1_blob_still_decodes() -> None:
@@ -424,7 +523,7 @@ def test_a_buffered_event_is_stored_once() -> None:
 
 def test_every_field_of_the_reference_state_is_set_away_from_its_default() -> None:
     """Keeps the golden blob meaningful: a field left at its default would not be pinned."""
-    state, fresh = reference_state(), KeyState()
+    state, fresh = reference_state(settled_ids=True), KeyState()
     for name in KeyState.__struct_fields__:
         if name != "state_schema_version":
             assert getattr(state, name) != getattr(fresh, name), name
