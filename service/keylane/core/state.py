@@ -75,6 +75,7 @@ every state it commits against the key's limit (see service/keylane/core/activat
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Any, Literal, NamedTuple
 
 import msgspec
@@ -502,11 +503,6 @@ def _uuid_bytes(intent_id: str) -> bytes | None:
     return raw if len(raw) == _UUID_BYTES else None  # fromhex skips whitespace
 
 
-def _uuid_text(raw: bytes) -> str:
-    text = raw.hex()
-    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
-
-
 def is_settled(state: KeyState, intent_id: str) -> bool:
     """Whether ``intent_id`` is one of ``state``'s settled intents."""
     if intent_id in state.settled_intents:
@@ -525,7 +521,7 @@ def settled_intent_ids(state: KeyState) -> list[str]:
     """``state``'s settled intent ids as strings: those kept as strings, then the others,
     each group oldest first."""
     kept = state.settled_ids
-    compact = [_uuid_text(kept[at : at + _UUID_BYTES]) for at in range(0, len(kept), _UUID_BYTES)]
+    compact = [str(uuid.UUID(bytes=kept[at : at + _UUID_BYTES])) for at in range(0, len(kept), _UUID_BYTES)]
     return [*state.settled_intents, *compact]
 
 
@@ -533,11 +529,8 @@ def settle(state: KeyState, intent_ids: list[str]) -> tuple[bytes, list[str]]:
     """The ``settled_ids`` and ``settled_intents`` of ``state`` once ``intent_ids`` settled too:
     the newest SETTLED_INTENTS_KEPT of each form, with every UUID among the strings (a blob
     from before ``settled_ids``) moved to the compact form, ahead of the new ones."""
-    if not state.settled_intents:
-        if not intent_ids:
-            return state.settled_ids, state.settled_intents
-        if len(intent_ids) == 1 and (raw := _uuid_bytes(intent_ids[0])) is not None:  # a resume's
-            return (state.settled_ids + raw)[-_SETTLED_IDS_BYTES:], state.settled_intents
+    if not intent_ids and not state.settled_intents:
+        return state.settled_ids, state.settled_intents
     compact = [state.settled_ids]
     others: list[str] = []
     for intent_id in [*state.settled_intents, *intent_ids]:
