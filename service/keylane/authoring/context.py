@@ -10,6 +10,7 @@ activation produces the same intent ids in the same order.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -79,7 +80,6 @@ class ActivationContext:
     """The event's payload (b"" on a resume)."""
     entity_key: bytes
     """The physical key (``key#i`` behind ShardKeys)."""
-    memory: Memory
     seq: int
     """The activation's seq: the key's committed-activation count, or the suspended one's."""
     snapshot: bytes = b""
@@ -95,9 +95,26 @@ class ActivationContext:
     _approval_channel: str
     _limiter: ProviderLimiter | None = None
     _token_budget: int | None = None
+    _open_memory: Callable[[], Memory]
+    _memory: Memory | None = None
     intents: list[ToolIntent] = field(default_factory=list)
     approvals: list[StagedApproval] = field(default_factory=list)
     stats: ActivationStats = field(default_factory=ActivationStats)
+
+    @property
+    def memory(self) -> Memory:
+        """The key's working memory, staged for this activation's commit. Opened on first use:
+        most activations never touch it, and the runtime then commits the key's memory as it
+        was without staging a copy."""
+        memory = self._memory
+        if memory is None:
+            memory = self._memory = self._open_memory()
+        return memory
+
+    @property
+    def opened_memory(self) -> Memory | None:
+        """``memory`` if this activation opened it, else None (the key's memory stays as it was)."""
+        return self._memory
 
     @property
     def is_resume(self) -> bool:

@@ -89,6 +89,7 @@ from keylane.core.state import (
     UnreadableState,
     encode_state,
     is_settled,
+    memory_bytes,
     over_limit,
     seal,
     settle,
@@ -447,23 +448,27 @@ class KeyRuntime:
         soft_cap_hit: list[int] = []
         cache = ReplayCache(state.llm_cache)
 
-        def memory_room() -> int:
-            """Memory shares the key's one changelog record with the rest of its state."""
-            rest = len(encode_state(struct_replace(state, memory=NO_MEMORY)))
-            return max(0, self.state_limit(key) - rest)
+        def open_memory() -> Memory:
+            """The agent's ``ctx.memory``, made the first time the agent asks for it."""
 
-        memory = Memory(
-            state.memory,
-            now_ms=now,
-            hard_cap_bytes=MEMORY_HARD_CAP_BYTES,
-            room_bytes=memory_room,
-            on_soft_cap=soft_cap_hit.append,
-            total_bytes=state.pages.memory_bytes if isinstance(state, PagedKeyState) else None,
-        )
+            def memory_room() -> int:
+                """Memory shares the key's one changelog record with the rest of its state."""
+                rest = len(encode_state(struct_replace(state, memory=NO_MEMORY)))
+                return max(0, self.state_limit(key) - rest)
+
+            return Memory(
+                state.memory,
+                now_ms=now,
+                hard_cap_bytes=MEMORY_HARD_CAP_BYTES,
+                room_bytes=memory_room,
+                on_soft_cap=soft_cap_hit.append,
+                total_bytes=state.pages.memory_bytes if isinstance(state, PagedKeyState) else None,
+            )
+
         ctx = ActivationContext(
             event=event,
             entity_key=key,
-            memory=memory,
+            _open_memory=open_memory,
             seq=seq,
             snapshot=cont.snapshot if cont is not None else b"",
             resume_result=resume if isinstance(resume, ToolResult) else None,
@@ -577,11 +582,15 @@ class KeyRuntime:
                 settled += [*still_waiting, *(i.intent_id for i in ctx.intents)]
             emits.append(Emit(record_id=ids.output_id(key, seq), topic=OUTPUT, key=key, value=outcome.output))
 
-        memory_blob = ctx.memory.to_blob()
+        memory = ctx.opened_memory
+        if memory is not None:
+            memory_blob, memory_size = memory.to_blob(), memory.total_bytes
+        else:
+            memory_blob, memory_size = state.memory, _memory_size(state)
         self._activations[resume is not None].inc()
         metrics.ACTIVATION_SECONDS.observe(wall_s)
         metrics.OVERHEAD_SECONDS.observe(max(0.0, wall_s - ctx.stats.llm_s - ctx.stats.tool_s))
-        metrics.MEMORY_BYTES.observe(ctx.memory.total_bytes)
+        metrics.MEMORY_BYTES.observe(memory_size)
         if ctx.stats.tool_calls:
             metrics.TOOL_CALLS.inc(ctx.stats.tool_calls)
         if soft_cap_hit:
@@ -600,11 +609,11 @@ class KeyRuntime:
             settled_ids=settled_ids,
             settled_intents=settled_intents,
         )
-        if isinstance(next_state, PagedKeyState):
+        if isinstance(next_state, PagedKeyState) and memory is not None:
             layout = struct_replace(
                 next_state.pages,
-                memory_bytes=ctx.memory.total_bytes,
-                dirty=next_state.pages.dirty | ctx.memory.changed,
+                memory_bytes=memory_size,
+                dirty=next_state.pages.dirty | memory.changed,
             )
             next_state = struct_replace(next_state, pages=layout)
         return _Committed(next_state, emits, self._round_trips(ctx, cache, now, continuation is not None))
@@ -614,9 +623,9 @@ class KeyRuntime:
         own: nothing the agent wrote to memory, no model answer it keeps (the replay cache is
         kept while suspended), and a clock and config whose times are ints (a config patched
         past its checks, or a test's clock, could give a float)."""
-        config = self.config
+        config, memory = self.config, ctx.opened_memory
         return (
-            not ctx.memory.took_values
+            not (memory is not None and memory.took_values)
             and not (suspended and cache.took_responses)
             and type(now) is int
             and type(config.ttl_ms) is int
@@ -939,6 +948,13 @@ class KeyRuntime:
         detail = f"{why}:{intent_id}" if why == "intent_expired" else why
         emit = self._error(record, "orphaned_result", detail, entity_key=entity_key, intent_id=intent_id)
         return struct_replace(emit, error_reason=None, orphan_detail=why)
+
+
+def _memory_size(state: KeyState) -> int:
+    """The size of ``state``'s memory as the Memory facade counts it (kept beside paged memory)."""
+    if isinstance(state, PagedKeyState):
+        return state.pages.memory_bytes
+    return memory_bytes(state.memory) if state.memory.entries else 0
 
 
 def _owned(state: KeyState, record: InputRecord) -> KeyState:

@@ -120,6 +120,29 @@ async def test_an_activation_writes_the_pages_it_changed_then_the_record() -> No
     assert memory_of(h) == expected({**dict.fromkeys(range(512), 0), 7: 1})
 
 
+def memory_bytes_observed() -> float:
+    return REGISTRY.get_sample_value("keylane_memory_bytes_sum") or 0.0
+
+
+@pytest.mark.parametrize("cells_filled", [8, 64])  # in the record, and paged
+async def test_an_activation_that_never_opens_memory_commits_it_as_it_was(cells_filled: int) -> None:
+    # The runtime stages no copy of memory the agent never opens (ctx.memory is opened on
+    # first use); the key keeps its memory, and the activation still counts its size.
+    h, store = harness()
+    await h.send_event(KEY, f"fill:{cells_filled}")
+    size = memory_bytes(h.state(KEY).memory)
+    store.writes.clear()
+    observed = memory_bytes_observed()
+
+    await h.send_event(KEY, "leave-memory-alone")
+
+    assert [key for key, _ in store.writes] == [KEY]  # no page: nothing in memory changed
+    assert memory_of(h) == expected(dict.fromkeys(range(cells_filled), 0))
+    assert memory_bytes_observed() - observed == size
+    await h.send_event(KEY, "set:3:1")  # opened again, the memory is the one committed
+    assert memory_of(h) == expected({**dict.fromkeys(range(cells_filled), 0), 3: 1})
+
+
 async def test_the_changed_page_goes_to_the_slot_the_committed_record_does_not_name() -> None:
     h, store = harness()
     await h.send_event(KEY, "fill:64")
