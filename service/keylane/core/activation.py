@@ -462,7 +462,7 @@ class KeyRuntime:
                 hard_cap_bytes=MEMORY_HARD_CAP_BYTES,
                 room_bytes=memory_room,
                 on_soft_cap=soft_cap_hit.append,
-                total_bytes=state.pages.memory_bytes if isinstance(state, PagedKeyState) else None,
+                total_bytes=_memory_size(state),
             )
 
         ctx = ActivationContext(
@@ -616,14 +616,14 @@ class KeyRuntime:
                 dirty=next_state.pages.dirty | memory.changed,
             )
             next_state = struct_replace(next_state, pages=layout)
-        return _Committed(next_state, emits, self._round_trips(ctx, cache, now, continuation is not None))
+        return _Committed(next_state, emits, self._round_trips(memory, cache, now, continuation is not None))
 
-    def _round_trips(self, ctx: ActivationContext, cache: ReplayCache, now: int, suspended: bool) -> bool:
+    def _round_trips(self, memory: Memory | None, cache: ReplayCache, now: int, suspended: bool) -> bool:
         """Whether the state an activation staged holds only decoded values and the runtime's
         own: nothing the agent wrote to memory, no model answer it keeps (the replay cache is
         kept while suspended), and a clock and config whose times are ints (a config patched
         past its checks, or a test's clock, could give a float)."""
-        config, memory = self.config, ctx.opened_memory
+        config = self.config
         return (
             not (memory is not None and memory.took_values)
             and not (suspended and cache.took_responses)
