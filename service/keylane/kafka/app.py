@@ -24,7 +24,7 @@ from mode.utils.times import want_seconds
 from keylane import metrics
 from keylane.catalog import EVENTS, Catalog
 from keylane.config import Settings
-from keylane.kafka.delivery import delivery_guard
+from keylane.kafka.delivery import changelog_writer, delivery_guard
 from keylane.kafka.partitioner import KeptHashPartitioner
 from keylane.kafka.patches import (
     deliver_without_tasks,
@@ -227,13 +227,14 @@ def stored_bytes(table: Any) -> Callable[[bytes], bytes | None]:
 
 def stored_bytes_writer(table: Any) -> Callable[[bytes, bytes], None]:
     """A writer of a bytes-to-bytes table: what ``table[key] = value`` does, in its order,
-    without the codec calls. First the changelog record (the table's ``on_key_set``: its
-    ``send_changelog``, as track_changelog wraps it, and its sensors), then the store's own
-    write (``_set``) in the current event's partition. The store's ``__setitem__`` would run
-    the raw codec over the key and the value first, a pass-through for bytes that costs
-    about as much as the write; a paged key's write is two of them."""
+    without the codec calls. First the changelog record (the table's ``on_key_set``, or inside
+    a unit of work the same record queued without Faust's FutureMessage: ``changelog_writer``
+    in service/keylane/kafka/delivery.py), then the store's own write (``_set``) in the
+    current event's partition. The store's ``__setitem__`` would run the raw codec over the key
+    and the value first, a pass-through for bytes that costs about as much as the write; a
+    paged key's write is two of them."""
     _check_bytes_table(table, "writer")
-    send_changelog = table.on_key_set
+    send_changelog = changelog_writer(table)
     write = table.data._set
 
     def put(key: bytes, value: bytes) -> None:

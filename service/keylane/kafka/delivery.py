@@ -206,16 +206,53 @@ def _error_of(delivery: asyncio.Future[Any]) -> BaseException | None:
     return delivery.exception()
 
 
+class _Changelog:
+    """A changelog record a unit of work has not handed to the producer yet: its table,
+    partition, key and value, what it is (named by a failure), and the FutureMessage Faust's
+    ``send_changelog`` returned for it, or None for a ``changelog_writer`` record, which
+    nobody holds a future of."""
+
+    __slots__ = ("key", "message", "partition", "table", "value", "what")
+
+    def __init__(
+        self,
+        table: Any,
+        partition: int | None,
+        key: bytes,
+        value: bytes,
+        what: Sent,
+        message: FutureMessage | None,
+    ) -> None:
+        self.table = table
+        self.partition = partition
+        self.key = key
+        self.value = value
+        self.what = what
+        self.message = message
+
+    def future_message(self) -> FutureMessage:
+        """The record as Faust's producer buffer takes it (made now for a writer's record)."""
+        if self.message is None:
+            self.message = self.table.changelog_topic.as_future_message(
+                key=self.key,
+                value=self.value,
+                partition=self.partition,
+                callback=self.table._on_changelog_sent,  # read when made: RestoreStart wraps it
+                eager_partitioning=True,
+            )
+        return self.message
+
+
 class _Work:
     """One unit of work's records: handed off and awaiting confirmation (``pending``), and
-    changelog records not yet handed to the producer (``unsent``, each with what it is)."""
+    changelog records not yet handed to the producer (``unsent``)."""
 
     __slots__ = ("_waiter", "_waiting", "guard", "pending", "unsent")
 
     def __init__(self, guard: DeliveryGuard) -> None:
         self.guard = guard
         self.pending: list[tuple[object, asyncio.Future[Any]]] = []
-        self.unsent: list[tuple[FutureMessage, Sent]] = []
+        self.unsent: list[_Changelog] = []
         self._waiter: asyncio.Future[None] | None = None
         self._waiting: list[asyncio.Future[Any]] = []
 
@@ -264,34 +301,44 @@ class _Work:
         and track each (``_hand_off_changelog``)."""
         unsent = self.unsent
         while unsent:
-            message, what = unsent.pop(0)
+            record = unsent.pop(0)
             try:
-                delivery = await _hand_off_changelog(message)
+                delivery = await _hand_off_changelog(record)
             except Exception as exc:  # refused: as final as a failed delivery; crashes the worker
-                if not message.done():
-                    message.set_exception(exc)
-                self.guard.track(what, message)
+                refused = record.future_message()
+                if not refused.done():
+                    refused.set_exception(exc)
+                self.guard.track(record.what, refused)
                 raise
-            self.guard.track(what, delivery, partial(_changelog_done, message))
+            if record.message is None:
+                self.guard.track(record.what, delivery, partial(_changelog_sent, record.table))
+            else:
+                self.guard.track(record.what, delivery, partial(_changelog_done, record.message))
 
     def buffer_unsent(self, app: faust.App) -> None:
         """Leave the records not handed off to Faust's producer buffer (a unit left by an
         exception), tracked: the table already holds what they carry."""
-        for message, what in self.unsent:
+        for record in self.unsent:
+            message = record.future_message()
             app.producer.send_soon(message)
-            self.guard.track(what, message)
+            self.guard.track(record.what, message)
         self.unsent.clear()
 
 
-async def _hand_off_changelog(message: FutureMessage) -> asyncio.Future[Any]:
+async def _hand_off_changelog(record: _Changelog) -> asyncio.Future[Any]:
     """A changelog record straight to the producer: what Faust's ``publish_message`` does
     for it, without the send sensors (no keylane sensor acts on them,
     service/keylane/kafka/sensors.py) and without a callback of its own on the delivery: the
-    tracking callback resolves the FutureMessage (``_changelog_done``), where Faust's
-    callback would take one more turn of the loop."""
+    tracking callback resolves the FutureMessage, if any (``_changelog_done``), and runs the
+    table's (``_changelog_sent``), where Faust's callback would take one more turn of the
+    loop."""
+    topic = record.table.changelog_topic
+    producer = await topic._get_producer()
+    message = record.message
+    if message is None:
+        name = topic.get_topic_name()
+        return await _produce(producer, name, record.key, record.value, record.partition, None, None)
     pending = message.message
-    topic = pending.channel
-    producer = await topic._get_producer()  # type: ignore[attr-defined]  # a Topic's
     return await _produce(
         producer,
         topic.get_topic_name(),
@@ -351,6 +398,14 @@ def _changelog_done(
     callback = message.message.callback
     if callback is not None:
         callback(message)
+
+
+def _changelog_sent(table: Any, delivery: asyncio.Future[Any], error: BaseException | None) -> None:
+    """A ``changelog_writer`` record's callback: the table's ``_on_changelog_sent`` (read now:
+    RestoreStart wraps it), given the delivery, whose result is what a FutureMessage's
+    would be."""
+    if error is None:
+        table._on_changelog_sent(delivery)
 
 
 _work: ContextVar[_Work | None] = ContextVar("keylane_deliveries")
@@ -521,6 +576,9 @@ def _confirmed(
         callback(delivery)  # type: ignore[arg-type]  # Faust passes its FutureMessage; ours ignore it
 
 
+_CHANGELOG_RECORD = "a changelog record of table {} (partition {}, {} bytes)"
+
+
 def track_changelog(table: Any) -> None:
     """Make ``table``'s changelog records count as produced records of the running unit of
     work, handed to the producer by the unit itself (see the module docstring). Wraps the
@@ -536,7 +594,7 @@ def track_changelog(table: Any) -> None:
         value_serializer: CodecArg = None,
     ) -> FutureMessage:
         size = len(value) if isinstance(value, bytes) else 0
-        what = Sent("a changelog record of table {} (partition {}, {} bytes)", table.name, partition, size)
+        what = Sent(_CHANGELOG_RECORD, table.name, partition, size)
         work = _work.get(None)
         if work is None:
             future: FutureMessage = send_changelog(
@@ -553,7 +611,34 @@ def track_changelog(table: Any) -> None:
                 callback=table._on_changelog_sent,  # read per call: RestoreStart wraps it
                 eager_partitioning=True,
             )
-            work.unsent.append((future, what))
+            work.unsent.append(_Changelog(table, future.message.partition, key, value, what, future))
         return future
 
     table.send_changelog = send_tracked
+
+
+def changelog_writer(table: Any) -> Callable[[bytes, bytes], None]:
+    """What ``table.on_key_set(key, value)`` does for a table of raw bytes, at less cost
+    inside a unit of work: the record, in the current event's partition, joins the unit's
+    changelog records as ``track_changelog``'s do, without the FutureMessage that Faust's
+    ``on_key_set`` makes of it only to read its partition (its making was most of the cost of a
+    state write's send). Outside a unit of work, and for a table that expires keys (whose
+    key set does more), it is ``on_key_set``."""
+    on_key_set: Callable[[bytes, bytes], None] = table.on_key_set
+    if table._should_expire_keys():
+        return on_key_set
+    partition_for_key = table.partition_for_key
+    sensor_on_set = table._sensor_on_set
+
+    def write(key: bytes, value: bytes) -> None:
+        work = _work.get(None)
+        if work is not None:
+            partition = partition_for_key(key)
+            if partition is not None:  # None: the producer partitions (not the event's partition)
+                what = Sent(_CHANGELOG_RECORD, table.name, partition, len(value))
+                work.unsent.append(_Changelog(table, partition, key, value, what, None))
+                sensor_on_set(table, key, value)
+                return
+        on_key_set(key, value)
+
+    return write

@@ -1,7 +1,9 @@
 """Changelog records of a unit of work (service/keylane/kafka/delivery.py): handed to the
 producer by the unit itself, before the next record it sends and before it waits; put into
 Faust's producer buffer when the unit fails, and sent by the buffer outside any unit. A
-changelog record Kafka refused fails its unit of work and crashes the app.
+changelog record Kafka refused fails its unit of work and crashes the app. All of it holds
+for both ways a table's record is written: Faust's ``send_changelog`` (as ``table[key] =
+value`` calls it) and keylane's ``changelog_writer`` (the agent's state writes).
 
 Runs on a real Faust app and table, with the hand-offs to the producer (the changelog
 topic's and the output topic's) and the producer buffer recorded instead of reaching a
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import faust
@@ -21,8 +24,17 @@ from faust.types import TP
 from keylane.catalog import OUTPUT, load_catalog
 from keylane.config import Settings
 from keylane.kafka.app import build_app
-from keylane.kafka.delivery import ProduceFailed, confirm_handed_off, confirming, track_changelog
+from keylane.kafka.delivery import (
+    ProduceFailed,
+    changelog_writer,
+    confirm_handed_off,
+    confirming,
+    track_changelog,
+)
+from keylane.kafka.lane_feed import event_context
 from keylane.kafka.publish import raw_topic
+
+SOURCE = "p.agent.events"
 
 
 class FaustProducer:
@@ -106,13 +118,37 @@ def handoffs(app: faust.App, table: Any) -> Handoffs:
     return handoffs
 
 
-def write(table: Any, value: bytes) -> None:
+Write = Callable[[Any, bytes], None]
+
+
+class EventOn3:
+    """What the table reads of Faust's current event: its message's partition and topic."""
+
+    message = SimpleNamespace(partition=3, topic=SOURCE, offset=7, headers=None)
+
+
+def by_send_changelog(table: Any, value: bytes) -> None:
     """What Faust's ``table[key] = value`` calls, for partition 3."""
     table.send_changelog(3, b"key", value, key_serializer="raw", value_serializer="raw")
 
 
+def by_changelog_writer(table: Any, value: bytes) -> None:
+    """keylane's writer of the table's changelog, in a job of an event on partition 3."""
+    # Faust checks the source's partition count against the changelog's on the broker once
+    # per topic: there is none here.
+    table._verified_source_topics_for_partitions.add(SOURCE)
+    with event_context(EventOn3()):
+        changelog_writer(table)(b"key", value)
+
+
+@pytest.fixture(params=[by_send_changelog, by_changelog_writer], ids=lambda writer: writer.__name__)
+def write(request: pytest.FixtureRequest) -> Write:
+    writer: Write = request.param
+    return writer
+
+
 async def test_the_state_leaves_before_the_records_that_follow_from_it(
-    app: faust.App, table: Any, handoffs: Handoffs
+    app: faust.App, table: Any, handoffs: Handoffs, write: Write
 ) -> None:
     output = raw_topic(app, load_catalog(prefix="p.").name(OUTPUT))
     handoffs.watch(output)
@@ -132,7 +168,7 @@ async def test_the_state_leaves_before_the_records_that_follow_from_it(
 
 
 async def test_a_job_that_only_writes_state_hands_it_off_before_it_waits(
-    app: faust.App, table: Any, handoffs: Handoffs
+    app: faust.App, table: Any, handoffs: Handoffs, write: Write
 ) -> None:
 
     async def job() -> None:
@@ -148,7 +184,7 @@ async def test_a_job_that_only_writes_state_hands_it_off_before_it_waits(
 
 
 async def test_the_effectors_flush_hands_off_the_state_first(
-    app: faust.App, table: Any, handoffs: Handoffs
+    app: faust.App, table: Any, handoffs: Handoffs, write: Write
 ) -> None:
 
     async def job() -> None:
@@ -163,7 +199,7 @@ async def test_the_effectors_flush_hands_off_the_state_first(
 
 
 async def test_a_failed_job_leaves_its_state_to_the_producer_buffer(
-    app: faust.App, table: Any, handoffs: Handoffs
+    app: faust.App, table: Any, handoffs: Handoffs, write: Write
 ) -> None:
     """The table holds the write already: its changelog record must still go out."""
 
@@ -179,7 +215,7 @@ async def test_a_failed_job_leaves_its_state_to_the_producer_buffer(
 
 
 async def test_a_cancelled_job_leaves_its_state_to_the_producer_buffer(
-    app: faust.App, table: Any, handoffs: Handoffs
+    app: faust.App, table: Any, handoffs: Handoffs, write: Write
 ) -> None:
     blocked = asyncio.Event()
 
@@ -197,14 +233,14 @@ async def test_a_cancelled_job_leaves_its_state_to_the_producer_buffer(
 
 
 async def test_outside_a_unit_of_work_the_producer_buffer_sends_it(
-    app: faust.App, table: Any, handoffs: Handoffs
+    app: faust.App, table: Any, handoffs: Handoffs, write: Write
 ) -> None:
     write(table, b"healed")
     assert [fut.message.value for fut in handoffs.buffered] == [b"healed"]
 
 
 async def test_a_refused_changelog_record_fails_its_unit_of_work(
-    app: faust.App, table: Any, handoffs: Handoffs
+    app: faust.App, table: Any, handoffs: Handoffs, write: Write
 ) -> None:
     crashed: list[BaseException] = []
 
@@ -225,7 +261,7 @@ async def test_a_refused_changelog_record_fails_its_unit_of_work(
 
 
 async def test_a_changelog_record_the_producer_refuses_to_take_fails_its_unit_of_work(
-    app: faust.App, table: Any, handoffs: Handoffs
+    app: faust.App, table: Any, handoffs: Handoffs, write: Write
 ) -> None:
     crashed: list[BaseException] = []
 
