@@ -58,6 +58,7 @@ from keylane.core.pages import (
     names_by_bucket,
     new_layout,
     page_key,
+    with_slots,
 )
 from keylane.core.state import (
     CorruptState,
@@ -145,7 +146,8 @@ class KeyStates:
     ) -> int:
         """Commit ``state`` for ``key`` (``record``: its blob, when the runtime sealed it, and
         ``readback``: that blob as it decodes, kept for the key's next read): the pages it
-        changed, then its record. With ``unpages`` (a paged key whose memory emptied), the
+        changed, then its record (a paged key's: the sealed blob with the slots of its new
+        pages, ``with_slots``). With ``unpages`` (a paged key whose memory emptied), the
         pages the committed record names are emptied after the new record. Returns the bytes
         written."""
         written = self._empty_left_pages(key, state.epoch) if self._left else 0
@@ -169,7 +171,8 @@ class KeyStates:
         for bucket, blob in pages.items():
             self._put(page_key(key, bucket, layout.slot(bucket)), blob)
             written += len(blob)
-        record = encode_state(struct_replace(state, pages=layout))
+        sealed = None if record is None else with_slots(record, state.pages, layout)
+        record = encode_state(struct_replace(state, pages=layout)) if sealed is None else sealed
         self._put(key, record)
         self._keep(key, _Kept(record, state.memory.entries, layout, names))
         if isinstance(readback, PagedKeyState):  # the sealed blob's, but for its slots
@@ -240,9 +243,10 @@ class KeyStates:
             bucket: encode_page({name: entries[name] for name in names[bucket]}, state.epoch)
             for bucket in changed
         }
-        wanted = buckets_for(size, len(entries))
-        if wanted > old.buckets and any(len(blob) > GROW_AT_PAGE_BYTES for blob in pages.values()):
-            return _rewritten(entries, old, wanted, size, state)
+        if any(len(blob) > GROW_AT_PAGE_BYTES for blob in pages.values()):
+            wanted = buckets_for(size, len(entries))
+            if wanted > old.buckets:
+                return _rewritten(entries, old, wanted, size, state)
         layout = PageLayout(buckets=old.buckets, slots=flipped(old.slots, changed), memory_bytes=size)
         return layout, pages, names
 

@@ -167,3 +167,27 @@ def flipped(slots: bytes, buckets: Iterable[int]) -> bytes:
     for bucket in buckets:
         out[bucket >> 3] ^= 1 << (bucket & 7)
     return bytes(out)
+
+
+def with_slots(record: bytes, staged: PageLayout, layout: PageLayout) -> bytes | None:
+    """A paged state's ``record``, encoded with the ``staged`` layout, as encoding it with
+    ``layout`` instead gives it, by replacing the slots' bytes; None when that is not sure to
+    be it: a layout of another bucket count or size, or the staged slots' field not found in
+    the record at exactly one place. The runtime seals (encodes) every state it commits to
+    know its size, and a paged key's new slots are chosen only when it is written: this saves
+    encoding its record twice."""
+    if (layout.buckets, layout.memory_bytes) != (staged.buckets, staged.memory_bytes):
+        return None
+    before = _slots_field(staged.slots)
+    at = record.find(before)
+    if at < 0 or record.rfind(before) != at:  # rfind: an overlapping second match too
+        return None
+    return record[:at] + _slots_field(layout.slots) + record[at + len(before) :]
+
+
+_SLOTS_NAME = _encoder.encode("slots")
+
+
+def _slots_field(slots: bytes) -> bytes:
+    """The bytes of a PageLayout's ``slots`` field in its encoding: its name, then its value."""
+    return _SLOTS_NAME + _encoder.encode(slots)
