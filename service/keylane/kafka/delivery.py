@@ -40,7 +40,9 @@ and the job waited one more round trip for it (aiokafka keeps one request in fli
 broker). A unit left by an exception puts what it did not hand off into the buffer, as
 Faust would have, so a state the table holds always reaches its changelog. Outside a unit
 of work (a fence's heal) the buffer sends it. A changelog send that never resolves is
-caught by the confirmation timeout.
+caught by the confirmation timeout. The agent's state table writes its records through
+``changelog_writer``: the same records, queued the same way, without the FutureMessage
+Faust's ``on_key_set`` makes of each (made only if the unit leaves it to the buffer).
 """
 
 from __future__ import annotations
