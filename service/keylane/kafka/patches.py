@@ -113,9 +113,14 @@ Faust and aiokafka internals keylane reaches without patching them:
   the consumer thread's loop) makes a worker that stood still past its session timeout rejoin
   at once. Faust's store's ``_db_for_partition`` lets a changelog restore compare a record's
   epoch with the stored one.
-* The RocksDB store's own read and write, ``Store._get`` and ``Store._set``, and the table's
-  ``on_key_set`` (``stored_bytes`` and ``stored_bytes_writer`` in service/keylane/kafka/app.py):
-  the state table's reads and writes without the raw codec's pass-through calls.
+* The RocksDB store's ``_db_for_partition`` (and its own ``_get`` and ``_set``, for a read
+  without an event and for tables that are global or use the producer's partitioner), and
+  the table's ``on_key_set`` (``stored_bytes`` and ``stored_bytes_writer`` in
+  service/keylane/kafka/app.py): the state table's reads and writes without the raw codec's
+  pass-through calls or the store's key index. Inside a unit of work the changelog record
+  ``on_key_set`` would send is queued by ``changelog_writer`` (service/keylane/kafka/delivery.py)
+  from the table's ``partition_for_key``, ``_sensor_on_set``, ``_should_expire_keys``,
+  ``changelog_topic`` and ``_on_changelog_sent``.
   ``RocksDBStore`` (service/keylane/kafka/rocksdb_store.py) subclasses Faust's RocksDB store,
   overriding its persisted-offset methods, ``revoke_partitions`` and ``stop``; the app's
   Table class picks it in ``_new_store_by_url``.
