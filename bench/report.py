@@ -105,7 +105,8 @@ def baseline_table(results: dict[str, Result]) -> list[str]:
     rows += [
         "",
         f"Baseline: keylane at {commit}, under this tree's harness, in a subprocess taking turns "
-        f"with this tree's, a chunk at a time. Median ratios over the rounds: own cost "
+        f"with this tree's, a chunk at a time; each side's own cost is its overhead_50 p50 less its own "
+        f"timer_baseline p50, the two measured in turns. Median ratios over the rounds: own cost "
         f"{_fmt(extra.get('own_cost_ratio'))}, suspension round trip {_fmt(extra.get('suspension_ratio'))}.",
     ]
     return rows

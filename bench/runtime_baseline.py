@@ -17,11 +17,17 @@ window with another. So each round measures both sides back to back, the side th
 alternating; a round's ratio compares figures taken within a second or two of each other, and
 the result keeps the median of the rounds' ratios.
 
-The own cost is a difference of two figures of about 0.7 and 0.4 ms, each as noisy as the
-machine's timer wake-ups. The timer baseline runs no keylane code, so a round subtracts the
-mean of both sides' timer figures from each side's overhead. With this tree on both sides
-(full size), the own-cost ratio came out 0.97-1.02 in three runs that way, and 0.89-1.02 in
-four with each side's own timer figure; the suspension ratio 0.99-1.00.
+The own cost is a difference of two figures of about 0.7 and 0.4 ms: how late an activation
+that waited 50 ms on its model ends (overhead_50), less how late a plain 50 ms sleep wakes
+(timer_baseline). The second moves with the machine's window, not with keylane: in one full
+run, back-to-back half-second timer chunks gave p50s anywhere from 0.13 to 0.55 ms, and this
+tree's own cost, taken from its overhead chunk less the mean of timer chunks around it, came
+out between -0.03 and 0.68 ms from one round to the next. So each side measures both figures
+itself, in slices of SLICE samples (about a tenth of a second each) taking turns
+(``own_cost_samples``): its own cost is its overhead p50 less its own timer p50, both from the
+same second. Measured that way, this tree's per-round own cost stayed within 0.14-0.59 ms, and
+the own-cost ratio against the baseline commit came out 0.51-0.60 in five full runs, where
+separate chunks had given 0.44-0.70 in six (four of them `make bench`).
 
 Without the commit (a shallow clone) the result says why, and the targets fall back to
 bench/baseline.json.
@@ -44,6 +50,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -59,13 +66,15 @@ ROUNDS: dict[Size, int] = {"smoke": 1, "quick": 8, "full": 32}
 # the lower own cost in most runs (ratios 0.86-1.01 in twelve runs of 30 rounds; started the
 # other way round, 1.00-1.10 in three).
 SESSIONS: dict[Size, int] = {"smoke": 1, "quick": 2, "full": 4}
-# Work per side per round: overhead and timer chunks take about half a second each (ten keys,
-# ten 50 ms activations apiece), a suspension chunk about 30 ms.
+# Work per side per round: an own-cost chunk takes about a second (ten keys, ten 50 ms
+# activations apiece and as many plain sleeps), a suspension chunk about 30 ms.
+OWN_COST = "own_cost"  # a request: overhead_50 and timer_baseline samples, in turns
 CHUNK: dict[Size, dict[str, int]] = {
-    "smoke": {"overhead_50": 20, "timer_baseline": 20, "suspension": 50},
-    "quick": {"overhead_50": 100, "timer_baseline": 100, "suspension": 200},
-    "full": {"overhead_50": 100, "timer_baseline": 100, "suspension": 200},
+    "smoke": {OWN_COST: 20, "suspension": 50},
+    "quick": {OWN_COST: 100, "suspension": 200},
+    "full": {OWN_COST: 100, "suspension": 200},
 }
+SLICE = 20  # own-cost samples per slice: two activations (or sleeps) of each of the ten keys
 BASELINE, CURRENT = "baseline", "current"
 FREEZE = "freeze"  # a request: collect, then freeze the survivors (gc.freeze)
 
@@ -130,16 +139,22 @@ class Side:
         )
         self.package: str = self._answer()["package"]
 
-    def samples(self, figure: str, count: int) -> list[float]:
-        """``count`` samples of ``figure`` (one of CHUNK's), in milliseconds."""
+    def samples(self, figure: str, count: int) -> Any:
+        """``count`` samples of ``figure`` (one of ``serve``'s), in milliseconds: a list, or
+        for OWN_COST the overhead_50 and timer_baseline lists by name."""
         assert self._process.stdin is not None
         self._process.stdin.write(f"{figure} {count}\n")
         self._process.stdin.flush()
-        samples: list[float] = self._answer()
-        return samples
+        return self._answer()
 
     def p50(self, figure: str, count: int) -> float:
         return percentile(sorted(self.samples(figure, count)), 50)
+
+    def own_cost(self, count: int) -> tuple[float, float]:
+        """The p50s of ``count`` overhead_50 and ``count`` timer_baseline samples, taken in
+        turns (``own_cost_samples``)."""
+        paired = self.samples(OWN_COST, count)
+        return percentile(sorted(paired["overhead_50"]), 50), percentile(sorted(paired["timer_baseline"]), 50)
 
     def _answer(self) -> Any:
         stdout = self._process.stdout
@@ -175,8 +190,9 @@ def serve(requests: IO[str], answers: IO[str]) -> None:
     import keylane
     from bench import runtime
 
+    overheads = runtime.overhead_sampler(50)
     samplers = {
-        "overhead_50": runtime.overhead_sampler(50),
+        "overhead_50": overheads,
         "timer_baseline": runtime.timer_lateness,
         "suspension": runtime.suspension_sampler(),
     }
@@ -185,20 +201,41 @@ def serve(requests: IO[str], answers: IO[str]) -> None:
     with asyncio.Runner(loop_factory=runtime.select_loop) as runner:
         for request in requests:
             figure, count = request.split()
+            samples: list[float] | dict[str, list[float]]
             if figure == FREEZE:
                 gc.collect()
                 gc.freeze()
                 samples = []
+            elif figure == OWN_COST:
+                samples = own_cost_samples(runner, overheads, int(count))
             else:
                 samples = runner.run(samplers[figure](int(count)))
             answers.write(json.dumps(samples) + "\n")
             answers.flush()
 
 
+def own_cost_samples(
+    runner: asyncio.Runner, overheads: Callable[[int], Awaitable[list[float]]], count: int
+) -> dict[str, list[float]]:
+    """``count`` samples of ``overheads`` (overhead_50) and ``count`` of timer_baseline, in
+    slices of SLICE that take turns (overhead first in every other pair): both figures of an
+    own cost come from the same second of the machine."""
+    from bench import runtime
+
+    paired: dict[str, list[float]] = {"overhead_50": [], "timer_baseline": []}
+    slices = {"overhead_50": overheads, "timer_baseline": runtime.timer_lateness}
+    sizes = [SLICE] * (count // SLICE) + ([count % SLICE] if count % SLICE else [])
+    for index, size in enumerate(sizes):
+        order = ["overhead_50", "timer_baseline"] if index % 2 == 0 else ["timer_baseline", "overhead_50"]
+        for figure in order:
+            paired[figure] += runner.run(slices[figure](size))
+    return paired
+
+
 def interleaved(sides: dict[str, Side], size: Size, rounds: int) -> dict[str, list[dict[str, Any]]]:
     """``rounds`` rounds of both sides' figures, back to back; each round's figures per side.
-    The side that goes first alternates, and within a round the overhead chunks run in one
-    order and the timer chunks in the other, so each side's own cost straddles the other's."""
+    The side that goes first alternates; each side's own cost is its overhead_50 p50 less its
+    timer_baseline p50, measured in turns (``Side.own_cost``)."""
     chunk = CHUNK[size]
     for side in sides.values():  # warm-up, discarded, then what survived it out of the collector's scans
         for figure, count in chunk.items():
@@ -207,19 +244,16 @@ def interleaved(sides: dict[str, Side], size: Size, rounds: int) -> dict[str, li
     figures: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
     for index in range(rounds):
         order = [BASELINE, CURRENT] if index % 2 == 0 else [CURRENT, BASELINE]
-        overhead = {name: sides[name].p50("overhead_50", chunk["overhead_50"]) for name in order}
-        timer = {name: sides[name].p50("timer_baseline", chunk["timer_baseline"]) for name in reversed(order)}
+        own = {name: sides[name].own_cost(chunk[OWN_COST]) for name in order}
         suspension = {name: sides[name].p50("suspension", chunk["suspension"]) for name in order}
-        # The timer baseline runs no keylane code: both sides' chunks measure the same thing
-        # (how late the kernel wakes a sleeper), so both own costs subtract their mean.
-        wake_up = statistics.fmean(timer.values())
         for name, side in sides.items():
+            overhead, wake_up = own[name]
             figures[name].append(
                 {
                     "package": side.package,
-                    "overhead_50ms_p50_ms": overhead[name],
-                    "timer_baseline_p50_ms": timer[name],
-                    "own_cost_ms": overhead[name] - wake_up,
+                    "overhead_50ms_p50_ms": overhead,
+                    "timer_baseline_p50_ms": wake_up,
+                    "own_cost_ms": overhead - wake_up,
                     "suspension_roundtrip_p50_ms": suspension[name],
                 }
             )

@@ -19,6 +19,7 @@ from bench.runtime_baseline import (
     CHUNK,
     CURRENT,
     FREEZE,
+    OWN_COST,
     REPO,
     ROUNDS,
     RUNTIME_VS_BASELINE,
@@ -135,6 +136,12 @@ def test_a_side_serves_chunks_of_samples_from_its_own_package(tmp_path: Path) ->
             assert len(round_trips) == 7 and all(0 < ms < 1000 for ms in round_trips)
             assert side.samples(FREEZE, 0) == []
             assert len(side.samples("timer_baseline", 10)) == 10  # ten keys, one sleep each
+            paired = side.samples(OWN_COST, 30)  # a slice of SLICE (20) of each, then one of ten
+            assert {figure: len(samples) for figure, samples in paired.items()} == {
+                "overhead_50": 30,
+                "timer_baseline": 30,
+            }
+            assert all(ms >= 0 for ms in paired["overhead_50"])  # each took its 50 ms model call
             with pytest.raises(RuntimeError, match="KeyError: 'no_such_figure'"):
                 side.samples("no_such_figure", 1)  # the side's own traceback, not a hang
         finally:
@@ -163,6 +170,10 @@ class FakeSide:
     def p50(self, figure: str, count: int) -> float:
         return self.samples(figure, count)[0]
 
+    def own_cost(self, count: int) -> tuple[float, float]:
+        self.log.append((self.name, OWN_COST))
+        return FAKE_FIGURES[self.name]["overhead_50"], FAKE_FIGURES[self.name]["timer_baseline"]
+
     def close(self) -> None:
         self.log.append(("closed", self.name))
 
@@ -173,18 +184,15 @@ def test_interleaved_rounds_take_turns_and_keep_each_sides_figures() -> None:
     del asked[:]
     rounds = interleaved({BASELINE: then, CURRENT: now}, "smoke", 1)  # type: ignore[dict-item]
     (before,), (after,) = rounds[BASELINE], rounds[CURRENT]
-    # The timer baseline runs no keylane code: both own costs subtract the round's mean wake-up.
-    assert before["own_cost_ms"] == pytest.approx(0.6) and after["own_cost_ms"] == pytest.approx(0.3)
+    # Each side's own cost is its overhead less its own wake-up, measured in turns.
+    assert before["own_cost_ms"] == pytest.approx(0.5) and after["own_cost_ms"] == pytest.approx(0.4)
     assert (before["timer_baseline_p50_ms"], after["timer_baseline_p50_ms"]) == (0.5, 0.3)
     assert (before["suspension_roundtrip_p50_ms"], after["package"]) == (0.2, "/current/keylane")
     warm_up = [(side, figure) for side in (BASELINE, CURRENT) for figure in [*CHUNK["smoke"], FREEZE]]
     assert asked[: len(warm_up)] == warm_up
-    # The round: overheads in one order, timers in the other, so each side's pair straddles the other's.
     assert asked[len(warm_up) :] == [
-        (BASELINE, "overhead_50"),
-        (CURRENT, "overhead_50"),
-        (CURRENT, "timer_baseline"),
-        (BASELINE, "timer_baseline"),
+        (BASELINE, OWN_COST),
+        (CURRENT, OWN_COST),
         (BASELINE, "suspension"),
         (CURRENT, "suspension"),
     ]
