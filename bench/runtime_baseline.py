@@ -190,9 +190,8 @@ def serve(requests: IO[str], answers: IO[str]) -> None:
     import keylane
     from bench import runtime
 
-    overheads = runtime.overhead_sampler(50)
     samplers = {
-        "overhead_50": overheads,
+        "overhead_50": runtime.overhead_sampler(50),
         "timer_baseline": runtime.timer_lateness,
         "suspension": runtime.suspension_sampler(),
     }
@@ -207,7 +206,7 @@ def serve(requests: IO[str], answers: IO[str]) -> None:
                 gc.freeze()
                 samples = []
             elif figure == OWN_COST:
-                samples = own_cost_samples(runner, overheads, int(count))
+                samples = own_cost_samples(runner, samplers, int(count))
             else:
                 samples = runner.run(samplers[figure](int(count)))
             answers.write(json.dumps(samples) + "\n")
@@ -215,20 +214,17 @@ def serve(requests: IO[str], answers: IO[str]) -> None:
 
 
 def own_cost_samples(
-    runner: asyncio.Runner, overheads: Callable[[int], Awaitable[list[float]]], count: int
+    runner: asyncio.Runner, samplers: dict[str, Callable[[int], Awaitable[list[float]]]], count: int
 ) -> dict[str, list[float]]:
-    """``count`` samples of ``overheads`` (overhead_50) and ``count`` of timer_baseline, in
-    slices of SLICE that take turns (overhead first in every other pair): both figures of an
+    """``count`` samples of ``serve``'s overhead_50 sampler and ``count`` of its timer_baseline,
+    in slices of SLICE that take turns (overhead first in every other pair): both figures of an
     own cost come from the same second of the machine."""
-    from bench import runtime
-
     paired: dict[str, list[float]] = {"overhead_50": [], "timer_baseline": []}
-    slices = {"overhead_50": overheads, "timer_baseline": runtime.timer_lateness}
     sizes = [SLICE] * (count // SLICE) + ([count % SLICE] if count % SLICE else [])
     for index, size in enumerate(sizes):
         order = ["overhead_50", "timer_baseline"] if index % 2 == 0 else ["timer_baseline", "overhead_50"]
         for figure in order:
-            paired[figure] += runner.run(slices[figure](size))
+            paired[figure] += runner.run(samplers[figure](size))
     return paired
 
 
