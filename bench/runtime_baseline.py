@@ -25,9 +25,10 @@ tree's own cost, taken from its overhead chunk less the mean of timer chunks aro
 out between -0.03 and 0.68 ms from one round to the next. So each side measures both figures
 itself, in slices of SLICE samples (about a tenth of a second each) taking turns
 (``own_cost_samples``): its own cost is its overhead p50 less its own timer p50, both from the
-same second. Measured that way, this tree's per-round own cost stayed within 0.14-0.59 ms, and
-the own-cost ratio against the baseline commit came out 0.51-0.60 in five full runs, where
-separate chunks had given 0.44-0.70 in six (four of them `make bench`).
+same second. Measured that way, the own-cost ratio against the baseline commit came out
+0.51-0.60 in seven full runs (two of them `make bench`), where separate chunks had given
+0.44-0.70 in six (four of them `make bench`). Single rounds still vary widely (this tree's own
+cost ran 0.04-0.97 ms from round to round): the median over the rounds is the figure to read.
 
 Without the commit (a shallow clone) the result says why, and the targets fall back to
 bench/baseline.json.
