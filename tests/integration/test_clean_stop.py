@@ -14,9 +14,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from rocksdict import AccessType, Options, Rdict
 
 from keylane.catalog import ERRORS, EVENTS, Catalog
 from keylane.config import Settings
+from keylane.core.state import state_changelog
 from keylane.kafka.clean_stop import CLEAN_STOP_MARKER
 from keylane.kafka.topic_reader import read_to_end
 from keylane.wire import AgentEnvelope, encode
@@ -29,6 +31,34 @@ pytestmark = pytest.mark.kafka
 
 KEYS = [f"doc-{i}".encode() for i in range(6)]
 UNCLEAN = "did not stop cleanly"
+OFFSET_KEY = b"__faust\x00offset__"
+
+
+async def on_disk(stores: Path) -> dict[tuple[int, bytes], bytes]:
+    """What a stopped worker's stores hold, opened as the next start opens them: each
+    partition's (partition, key) -> value, its persisted changelog offset under OFFSET_KEY. A
+    worker's stores keep no write-ahead log (service/keylane/kafka/rocksdb_store.py), so this
+    is only what its stop wrote out."""
+    held: dict[tuple[int, bytes], bytes] = {}
+    for path in stores.glob("*.db"):
+        partition = int(path.stem.rsplit("-", 1)[1])
+        db = Rdict(str(path), options=Options(raw_mode=True), access_type=AccessType.read_only())
+        try:
+            held.update(((partition, key), value) for key, value in db.items())
+        finally:
+            db.close()
+    return held
+
+
+async def in_changelog(settings: Settings) -> dict[tuple[int, bytes], bytes]:
+    """The state changelog as a restore reads it: each key's last value, and each partition's
+    last offset under OFFSET_KEY (as Faust's store keeps it)."""
+    last: dict[tuple[int, bytes], bytes] = {}
+    for record in await read_to_end(settings, state_changelog(settings.app_id)):
+        assert record.key is not None and record.value is not None
+        last[(record.partition, record.key)] = record.value
+        last[(record.partition, OFFSET_KEY)] = str(record.offset).encode()
+    return last
 
 
 def fills(round_: int) -> list[tuple[bytes, bytes]]:
@@ -52,6 +82,7 @@ async def test_a_stop_keeps_the_stores_and_a_kill_9_restores_them_from_the_chang
         assert marker.exists(), "a stop by signal, everything confirmed, marks the stores clean"
         kept = {path.name: path.stat().st_ino for path in stores.glob("*.db")}
         assert kept
+        assert await on_disk(stores) == await in_changelog(settings), "the stores kept what the changelog has"
 
         worker.start()
         assert UNCLEAN not in worker.log_since_start()

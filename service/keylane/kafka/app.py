@@ -70,6 +70,7 @@ def build_app(
     partitions: int | None = None,
     client_id: str = "keylane",
     offset_write_interval_s: float = 0.0,
+    write_ahead_log: bool = True,
 ) -> faust.App:
     """A Faust app whose internal topics match the catalog's co-partitioning.
 
@@ -92,7 +93,8 @@ def build_app(
 
     ``offset_write_interval_s``: how long the table stores keep a persisted changelog offset
     in memory before writing it (service/keylane/kafka/rocksdb_store.py); 0 writes it in the
-    loop's next turn. Only an app whose stores do not outlive a crash may wait longer.
+    loop's next turn. Only an app whose stores do not outlive a crash may wait longer, and
+    only such an app may turn off ``write_ahead_log``, RocksDB's log of the stores' writes.
     """
     metrics.use_topic_prefix(settings.topic_prefix)
     publish_without_stampede()  # see service/keylane/kafka/patches.py
@@ -119,7 +121,11 @@ def build_app(
         web_enabled=False,
         autodiscover=False,
         Table=_replicated_table(
-            settings, replication.min_insync_replicas, max_request_bytes(catalog), offset_write_interval_s
+            settings,
+            replication.min_insync_replicas,
+            max_request_bytes(catalog),
+            offset_write_interval_s,
+            write_ahead_log,
         ),
         topic_allow_declare=False,  # tables create their changelogs themselves, see above
         topic_disable_leader=True,  # no app.is_leader() or on_leader timers in keylane
@@ -153,7 +159,11 @@ def changelog_record_limit(app: faust.App, catalog: Catalog) -> int:
 
 
 def _replicated_table(
-    settings: Settings, min_insync_replicas: int, max_message_bytes: int, offset_write_interval_s: float
+    settings: Settings,
+    min_insync_replicas: int,
+    max_message_bytes: int,
+    offset_write_interval_s: float,
+    write_ahead_log: bool,
 ) -> type[faust.Table[Any, Any]]:
     """Faust's Table whose changelog topic carries ``min.insync.replicas`` (a changelog write
     counts once that many replicas have it) and ``max.message.bytes`` (the producer's limit:
@@ -191,8 +201,9 @@ def _replicated_table(
             await super().on_start()
 
         def _new_store_by_url(self, url: Any) -> Any:
-            # Faust's RocksDB store, writing its persisted offsets in batches
-            # (service/keylane/kafka/rocksdb_store.py); any other store is Faust's.
+            # Faust's RocksDB store, writing its persisted offsets in batches and, for a
+            # worker, without the write-ahead log (service/keylane/kafka/rocksdb_store.py);
+            # any other store is Faust's.
             if stores.by_url(url) is not FaustRocksDBStore:
                 return super()._new_store_by_url(url)
             return RocksDBStore(
@@ -207,6 +218,7 @@ def _replicated_table(
                 value_type=self.value_type,
                 loop=self.loop,
                 options=self.options,
+                write_ahead_log=write_ahead_log,
             )
 
     return ReplicatedTable

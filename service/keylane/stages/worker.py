@@ -86,12 +86,14 @@ def run_worker(settings: Settings, catalog: Catalog, *, agent_ref: str, config_r
     with quiet_client_logs():
         asyncio.run(verify_topics(settings, catalog))
         asyncio.run(refuse_foreign_agent(settings, agent_ref))
-    # Its stores do not outlive a crash (_run's restore_after_crash): their offsets can wait.
+    # Its stores do not outlive a crash (_run's restore_after_crash): their offsets can wait,
+    # and their writes need no log to survive one.
     app = build_app(
         settings,
         catalog,
         client_id=worker_client_id(agent_ref),
         offset_write_interval_s=OFFSET_WRITE_INTERVAL_S,
+        write_ahead_log=False,
     )
     runtime = KeyRuntime(
         agent,

@@ -142,3 +142,82 @@ def test_another_store_stays_fausts(tmp_path: Path) -> None:
     app.conf.store = "memory://"  # type: ignore[assignment]  # Faust converts it to a URL
     table = app.Table("in-memory", default=None, partitions=4)
     assert type(table.data) is MemoryStore
+
+
+# -- the write-ahead log: a worker's stores go without it, the effector's keep it --------------
+
+WRITER = """
+import asyncio, os, sys
+from pathlib import Path
+from faust.types import TP
+from keylane.catalog import load_catalog
+from keylane.config import Settings
+from keylane.kafka.app import build_app
+
+data_dir, logged, ending = Path(sys.argv[1]), sys.argv[2] == "logged", sys.argv[3]
+app = build_app(
+    Settings.from_env({}, data_dir=data_dir, app_id="w"), load_catalog(prefix="w."), write_ahead_log=logged
+)
+store = app.Table("states", default=None, partitions=4, key_type=bytes, value_type=bytes).data
+# Held here, the databases are not closed when Faust lets go of them: closing one writes its
+# memtable out, and nothing but the store's own flush may be what keeps the writes.
+held = [store._db_for_partition(partition) for partition in (1, 3)]
+for partition in (1, 3):
+    store._db_for_partition(partition).put(b"key-%d" % partition, b"value-%d" % partition)
+    store.set_persisted_offset(TP("w-states-changelog", partition), 40 + partition)
+print(store.partition_path(1), store.partition_path(3), flush=True)
+if ending == "revoke":
+    store.revoke_partitions(store.table, {TP("w-states-changelog", 1), TP("w-states-changelog", 3)})
+elif ending == "stop":
+    asyncio.run(store.stop())
+os._exit(0)  # no destructor runs: the databases are not closed, as when a process dies
+"""
+
+
+Found = dict[int, tuple[bytes | None, bytes | None]]
+
+
+def written_then_exit(tmp_path: Path, *, logged: bool, ending: str) -> Found:
+    """Run WRITER in a process of its own, which puts a key into partitions 1 and 3 and keeps
+    their offsets (41, 43), ends as ``ending`` says (``exit``: at once), and exits without
+    closing anything; then open what it left on disk: each partition's (key, offset)."""
+    import subprocess
+    import sys
+
+    from rocksdict import AccessType, Options, Rdict
+
+    done = subprocess.run(
+        [sys.executable, "-c", WRITER, str(tmp_path), "logged" if logged else "unlogged", ending],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    paths = done.stdout.decode().split()
+    found = {}
+    for partition, path in zip((1, 3), paths, strict=True):
+        db = Rdict(path, options=Options(raw_mode=True), access_type=AccessType.read_only())
+        found[partition] = (db.get(b"key-%d" % partition), db.get(b"__faust\x00offset__"))
+        db.close()
+    return found
+
+
+def test_a_workers_store_writes_no_log_and_the_effectors_does(tmp_path: Path) -> None:
+    """A process gone without closing its stores: the effector's (logged) writes are found
+    again, a worker's are not, which is what the log cost it; its stores are deleted after
+    such an end anyway (service/keylane/kafka/clean_stop.py)."""
+    assert written_then_exit(tmp_path / "effector", logged=True, ending="exit") == {
+        1: (b"value-1", b"41"),
+        3: (b"value-3", b"43"),
+    }
+    gone = written_then_exit(tmp_path / "worker", logged=False, ending="exit")
+    assert gone == {1: (None, None), 3: (None, None)}
+
+
+@pytest.mark.parametrize("ending", ["stop", "revoke"])
+def test_a_stop_or_a_revocation_leaves_a_workers_writes_on_disk(tmp_path: Path, ending: str) -> None:
+    """Without the log, the flush at a stop and at a revocation is what keeps the writes and
+    the offset that says how far they go, for the store reopened after a clean stop."""
+    assert written_then_exit(tmp_path, logged=False, ending=ending) == {
+        1: (b"value-1", b"41"),
+        3: (b"value-3", b"43"),
+    }
