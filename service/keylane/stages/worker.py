@@ -28,7 +28,7 @@ from keylane.llm.types import ProviderError
 from keylane.loader import import_module, load_agent
 from keylane.signing import parse_mode
 from keylane.stages.agent import AgentProcessor
-from keylane.stages.collector import freeze_startup_objects
+from keylane.stages.collector import collect_less_often, freeze_startup_objects
 from keylane.stages.effector.service import Effector
 from keylane.stages.health import Check, Heartbeat, MetricsServer
 from keylane.stages.shard_keys import ShardKeys
@@ -186,6 +186,7 @@ def _run(app: App, settings: Settings, *, role: str, app_id: str, restore_after_
     if restore_after_crash:
         discard_stores_after_unclean_stop(app, data_dir)
     freeze_startup_objects(app)
+    collect_less_often()
     code = 0
     try:
         try:

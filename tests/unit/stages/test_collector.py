@@ -1,4 +1,5 @@
-"""A process's start-up objects are out of the garbage collector's full collections."""
+"""A process's start-up objects are out of the garbage collector's full collections, and its
+young collections run every YOUNG_COLLECTION_THRESHOLD allocations."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterator
 import faust
 import pytest
 
-from keylane.stages.collector import freeze_startup_objects
+from keylane.stages.collector import YOUNG_COLLECTION_THRESHOLD, collect_less_often, freeze_startup_objects
 
 
 @pytest.fixture
@@ -35,3 +36,15 @@ async def test_start_up_objects_are_frozen_as_the_app_starts_and_after_its_first
     await app.on_rebalance_complete.send()
     assert gc.get_freeze_count() == after_first, "only the first rebalance freezes"
     del made_later, made_while_starting
+
+
+def test_young_collections_run_less_often_and_the_older_ones_as_before() -> None:
+    before = gc.get_threshold()
+    try:
+        collect_less_often()
+        assert gc.get_threshold() == (YOUNG_COLLECTION_THRESHOLD, before[1], before[2])
+        gc.collect(0)  # the young generation's count starts again from 0
+        kept = [[index] for index in range(YOUNG_COLLECTION_THRESHOLD // 2)]  # past CPython's 700
+        assert gc.get_count()[0] > len(kept) // 2, "no young collection ran (it resets the count)"
+    finally:
+        gc.set_threshold(*before)
