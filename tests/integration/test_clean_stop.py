@@ -34,7 +34,7 @@ UNCLEAN = "did not stop cleanly"
 OFFSET_KEY = b"__faust\x00offset__"
 
 
-async def on_disk(stores: Path) -> dict[tuple[int, bytes], bytes]:
+def on_disk(stores: Path) -> dict[tuple[int, bytes], bytes]:
     """What a stopped worker's stores hold, opened as the next start opens them: each
     partition's (partition, key) -> value, its persisted changelog offset under OFFSET_KEY. A
     worker's stores keep no write-ahead log (service/keylane/kafka/rocksdb_store.py), so this
@@ -82,7 +82,7 @@ async def test_a_stop_keeps_the_stores_and_a_kill_9_restores_them_from_the_chang
         assert marker.exists(), "a stop by signal, everything confirmed, marks the stores clean"
         kept = {path.name: path.stat().st_ino for path in stores.glob("*.db")}
         assert kept
-        assert await on_disk(stores) == await in_changelog(settings), "the stores kept what the changelog has"
+        assert on_disk(stores) == await in_changelog(settings), "the stores kept what the changelog has"
 
         worker.start()
         assert UNCLEAN not in worker.log_since_start()

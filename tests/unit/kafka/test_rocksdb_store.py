@@ -1,11 +1,15 @@
 """A keylane table's RocksDB store (service/keylane/kafka/rocksdb_store.py) writes a partition's
 persisted changelog offset at most once per interval (a second in a worker): readers see the
 newest offset at once, the database gets it when the interval ends, in one write, and before a
-revocation or a stop lets go of the databases. Real rocksdict databases, no broker."""
+revocation or a stop lets go of the databases. A worker's store writes no write-ahead log and
+flushes its memtables at a stop and a revocation instead; the effector's keeps the log. Real
+rocksdict databases, no broker."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +17,7 @@ import faust
 import pytest
 from faust.stores.memory import Store as MemoryStore
 from faust.types import TP
+from rocksdict import AccessType, Options, Rdict
 
 from keylane.catalog import load_catalog
 from keylane.config import Settings
@@ -181,11 +186,6 @@ def written_then_exit(tmp_path: Path, *, logged: bool, ending: str) -> Found:
     """Run WRITER in a process of its own, which puts a key into partitions 1 and 3 and keeps
     their offsets (41, 43), ends as ``ending`` says (``exit``: at once), and exits without
     closing anything; then open what it left on disk: each partition's (key, offset)."""
-    import subprocess
-    import sys
-
-    from rocksdict import AccessType, Options, Rdict
-
     done = subprocess.run(
         [sys.executable, "-c", WRITER, str(tmp_path), "logged" if logged else "unlogged", ending],
         capture_output=True,
