@@ -18,10 +18,11 @@ deallocations), where CPython runs one every 700. Each record's futures, callbac
 batches live for a few milliseconds: a young collection every 700 allocations catches many
 of them alive, walks them, and promotes them, so that they fill the older generations and
 set off their collections too. In the state-growth benchmark's workers (bench/state_growth.py,
-8,000 activations each, measured with a ``gc.callbacks`` timer) the collector took 140 to
-214 ms with CPython's threshold and 85 to 98 ms with this one: about 14 µs less CPU per
-activation, 5% of it. A young collection then takes about 2 ms, far inside the e2e p99 goal;
-what cyclic garbage waits for it is at most that many objects.
+8,000 activations each, measured with a ``gc.callbacks`` timer, two runs of each threshold) the
+collector took 136 to 214 ms with CPython's threshold and 85 to 101 ms with this one: 6 µs
+(1 KiB of memory per key) to 14 µs (512 KiB) less CPU per activation, 2 to 5% of it. A young
+collection then takes about 2 ms, far inside the e2e p99 goal; what cyclic garbage waits for
+it is at most that many objects.
 """
 
 from __future__ import annotations
