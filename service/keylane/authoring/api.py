@@ -9,6 +9,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+import msgspec
+
 from keylane.authoring.hitl import HitlPolicy
 from keylane.authoring.ratelimit import RateLimit
 from keylane.authoring.tools import ToolRegistry, default_registry
@@ -23,15 +25,17 @@ MIN_STATE_BYTES = 4096
 """The smallest ``max_state_bytes`` accepted: below it a key's bookkeeping alone may not fit."""
 
 
-@dataclass(frozen=True)
-class Complete:
+# Complete, Suspend and LlmResponse are msgspec Structs, not frozen dataclasses: every
+# activation builds one (and every model call an LlmResponse) after its model answered, and a
+# frozen dataclass sets each field through object.__setattr__ (0.33-0.44 µs here, where a
+# Struct takes about 0.1). Both are immutable, compare by value and take the same arguments.
+class Complete(msgspec.Struct, frozen=True):
     """The activation is done; ``output`` goes to agent.output under the physical key."""
 
     output: bytes = b""
 
 
-@dataclass(frozen=True)
-class Suspend:
+class Suspend(msgspec.Struct, frozen=True):
     """Persist a continuation and release the key until a result or approval resumes it.
 
     ``snapshot`` is handed back as ``ctx.snapshot`` on resume. ``timeout_ms`` bounds the wait

@@ -76,7 +76,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import msgspec
 
@@ -398,12 +398,14 @@ def decode_state(blob: bytes | None) -> KeyState:
         raise CorruptState(f"state blob does not decode: {exc}") from exc
 
 
-class Sealed(NamedTuple):
+class Sealed(msgspec.Struct, frozen=True):
     """A state the runtime commits: ``state``, its ``blob``, and ``readback``, what
     ``decode_state(blob)`` gives (the blob decoded to check it or, for a state ``seal`` was
     told round-trips, the state as decoding gives it back). A key whose memory is paged has
     its record encoded again by the writer, with its pages' slots: its readback is that
-    record's but for ``pages``, which the writer sets (keylane.core.key_states)."""
+    record's but for ``pages``, which the writer sets (keylane.core.key_states).
+
+    A Struct: every commit builds one, and a NamedTuple takes four times as long to build."""
 
     state: KeyState
     blob: bytes

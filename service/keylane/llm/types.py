@@ -16,7 +16,7 @@ format and translate it to their wire format:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -46,16 +46,18 @@ class LlmRequest:
         )
 
 
-@dataclass(frozen=True, kw_only=True)
-class LlmResponse:
-    """A model's answer. ``cached`` is True when it came from the replay cache."""
+class LlmResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """A model's answer. ``cached`` is True when it came from the replay cache.
+
+    A Struct, as keylane.authoring.api's Complete is and for the same reason: one is built
+    for every model call, after the model answered."""
 
     response: bytes
     model_id: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached: bool = False
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def turn(self) -> AssistantTurn:
         """The answer as an AssistantTurn.
