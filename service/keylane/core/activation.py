@@ -96,7 +96,7 @@ from keylane.core.state import (
     waiting_input,
 )
 from keylane.core.timeouts import collected, fire_is_due, timed_out
-from keylane.core.timers import TTL, arm
+from keylane.core.timers import TTL, armed
 from keylane.errors import KeylaneError
 from keylane.llm.resilience import CALL_DEADLINE
 from keylane.llm.types import Provider
@@ -924,13 +924,15 @@ class KeyRuntime:
         """Record the input as applied and stage its emits in the outbox, dropping settled ones
         (``outbox.staged``). Pure: the caller forgets delivered ids only when it commits the
         result (``_decided``)."""
-        advanced = struct_replace(
+        # One replace, timers included: arm's own would copy the state a second time. The
+        # timers depend only on the continuation and seq, which this leaves as they are.
+        return struct_replace(
             _owned(state, record),
             applied=applied_with(state, record),
             outbox=staged(state, record, emits, self.deliveries),
             buffered=[*state.buffered, *extra_buffered] if extra_buffered else state.buffered,
+            timers=armed(state, ttl_ms=self.config.ttl_ms, now_ms=self.clock()),
         )
-        return arm(advanced, ttl_ms=self.config.ttl_ms, now_ms=self.clock())
 
     def _error(
         self,

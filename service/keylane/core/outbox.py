@@ -56,7 +56,9 @@ class Deliveries:
 
     def forget(self, replaced: Iterable[OutboxRecord]) -> None:
         """The outbox holding ``replaced`` was committed over: their delivered ids are no longer needed."""
-        self._delivered.difference_update(o.record_id for o in replaced)
+        delivered = self._delivered
+        for entry in replaced:  # a loop: an outbox holds a record or two, and a generator costs more
+            delivered.discard(entry.record_id)
 
 
 def staged(
@@ -64,21 +66,28 @@ def staged(
 ) -> list[OutboxRecord]:
     """``state``'s outbox with ``record``'s ``emits`` staged and the settled entries dropped.
     Pure: ``deliveries`` forgets nothing until the caller commits the result."""
-    kept = [o for o in state.outbox if not deliveries.settled(o, record)]
+    # Loops, not comprehensions: every commit stages, usually one or two records, and a
+    # comprehension is a function call of its own on Python 3.11.
+    outbox = []
+    for entry in state.outbox:
+        if not deliveries.settled(entry, record):
+            outbox.append(entry)
     stream, offset = record.identity
-    return kept + [
-        OutboxRecord(
-            record_id=e.record_id,
-            topic=e.topic,
-            key=e.key,
-            value=e.value,
-            origin_topic=record.topic,
-            origin_offset=offset,
-            origin_stream=stream,
-            label=e.error_reason,
+    topic = record.topic
+    for e in emits:
+        outbox.append(
+            OutboxRecord(
+                record_id=e.record_id,
+                topic=e.topic,
+                key=e.key,
+                value=e.value,
+                origin_topic=topic,
+                origin_offset=offset,
+                origin_stream=stream,
+                label=e.error_reason,
+            )
         )
-        for e in emits
-    ]
+    return outbox
 
 
 def republished(state: KeyState, record: InputRecord) -> list[Emit]:

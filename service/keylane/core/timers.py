@@ -45,6 +45,11 @@ def timer_token(kind: str, seq: int, deadline_ms: int) -> str:
 def arm(state: KeyState, *, ttl_ms: int, now_ms: int) -> KeyState:
     """The state with its timers set for what it is now: HITL at the suspension's deadline
     (if suspended), TTL at max(now, deadline) + ttl."""
+    return replace(state, timers=armed(state, ttl_ms=ttl_ms, now_ms=now_ms))
+
+
+def armed(state: KeyState, *, ttl_ms: int, now_ms: int) -> dict[TimerKind, ArmedTimer]:
+    """The timers ``arm`` sets, for a caller that replaces other fields of ``state`` too."""
     timers: dict[TimerKind, ArmedTimer] = {}
     cont = state.continuation
     ttl_from = now_ms
@@ -55,7 +60,7 @@ def arm(state: KeyState, *, ttl_ms: int, now_ms: int) -> KeyState:
         ttl_from = max(now_ms, cont.deadline_ms)
     ttl_deadline = ttl_from + ttl_ms
     timers[TTL] = ArmedTimer(deadline_ms=ttl_deadline, token=timer_token(TTL, state.seq, ttl_deadline))
-    return replace(state, timers=timers)
+    return timers
 
 
 COMPACT_FACTOR = 4  # a key has at most two timers, each with a pending and a resend entry
