@@ -132,11 +132,14 @@ class TimerIndex:
             # Committed states are never changed in place: the index keeps the state's own dict.
             timers = state.timers if state is not None else {}
         previous = self._by_key.get(key)
+        # Kinds whose old timer was sent: its entry moved to its resend time, which may come
+        # after the new timer's deadline.
+        was_sent: tuple[TimerKind, ...] = ()
         if previous:
             if self._sent:  # most commits find no timer sent: nothing to forget
                 for kind, old in previous.items():
-                    if timers.get(kind) != old:
-                        self._sent.pop((key, old.token), None)
+                    if timers.get(kind) != old and self._sent.pop((key, old.token), None) is not None:
+                        was_sent += (kind,)
             if not timers:
                 del self._by_key[key]
                 return
@@ -145,18 +148,23 @@ class TimerIndex:
         self._by_key[key] = timers
         for kind, timer in timers.items():
             before = previous.get(kind) if previous else None
-            if before is None or before.token != timer.token or before.deadline_ms != timer.deadline_ms:
+            # The heap holds an entry at or before every armed timer's deadline, and ``due``
+            # puts an armed timer's own entry back when it pops an older one of its key and
+            # kind. So a timer that moved later needs no entry of its own: every commit re-arms
+            # its key's TTL later, and pushing each would cost every commit a heap entry.
+            if before is None or timer.deadline_ms < before.deadline_ms or kind in was_sent:
                 heapq.heappush(self._heap, (timer.deadline_ms, key, kind, timer.token))
-        # Every commit re-arms a key's TTL, leaving its old entry behind until that deadline:
-        # without compaction the heap grows with commits, not with keys.
-        if len(self._heap) > COMPACT_FACTOR * len(self._by_key) + COMPACT_SLACK:
-            self._compact()
+                # Timers that moved earlier leave their old entries behind until those
+                # deadlines: without compaction the heap could grow with commits, not keys.
+                if len(self._heap) > COMPACT_FACTOR * len(self._by_key) + COMPACT_SLACK:
+                    self._compact()
 
     def _compact(self) -> None:
         """Drop superseded entries: one entry per armed timer, at its deadline. A timer sent
         already gets its resend entry back from ``due``, which finds when it was sent; building
         the heap from the armed timers costs a pass over the keys, where filtering the heap
-        cost a pass over every entry (several per key: the superseded TTLs of each commit)."""
+        cost a pass over every entry (several per key: the superseded ones of timers that moved
+        earlier, and the resend entries of sent ones)."""
         self._heap = [
             (timer.deadline_ms, key, kind, timer.token)
             for key, timers in self._by_key.items()
@@ -183,8 +191,12 @@ class TimerIndex:
         while self._heap and self._heap[0][0] <= now_ms:
             _, key, kind, token = heapq.heappop(self._heap)
             current = self._by_key.get(key, {}).get(kind)
-            if current is None or current.token != token:
-                continue  # superseded since it was pushed
+            if current is None:
+                continue  # disarmed since it was pushed
+            if current.token != token:
+                # Re-armed since: the armed timer's own entry, popped in this scan if it is due.
+                heapq.heappush(self._heap, (current.deadline_ms, key, kind, current.token))
+                continue
             sent_at = self._sent.get((key, token))
             if sent_at is not None and now_ms - sent_at < RESEND_AFTER_MS:
                 later.append((sent_at + RESEND_AFTER_MS, key, kind, token))

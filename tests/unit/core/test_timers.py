@@ -350,10 +350,12 @@ def test_compaction_keeps_every_armed_timer_and_the_resend_interval_of_a_sent_on
     index.update(KEY, sent)
     assert [kind for _, kind, _ in index.due(1_000)] == [TTL]
     commits, compacted = 0, False
-    while not compacted:  # two other keys re-armed until the heap compacts
+    # Another key re-armed earlier and earlier until the heap compacts: a timer that moved
+    # later adds no entry (test_a_timer_re_armed_later_adds_no_entry).
+    while not compacted:
         commits += 1
         before = len(index._heap)
-        index.update(b"b", arm(KeyState(seq=commits), ttl_ms=60_000, now_ms=commits))
+        index.update(b"b", arm(KeyState(seq=commits), ttl_ms=120_000 - commits, now_ms=0))
         compacted = len(index._heap) < before
         assert commits <= COMPACT_FACTOR * 3 + COMPACT_SLACK, "the heap never compacted"
     assert len(index._heap) == 2, "one entry per armed timer"
@@ -361,8 +363,46 @@ def test_compaction_keeps_every_armed_timer_and_the_resend_interval_of_a_sent_on
     assert index.due(1_000 + RESEND_AFTER_MS - 1) == [], "the sent timer waits out its interval"
     assert [key for key, _, _ in index.due(1_000 + RESEND_AFTER_MS)] == [KEY]
     index.update(KEY, KeyState(seq=2))
-    due = index.due(commits + 60_000 + 2 * RESEND_AFTER_MS)
+    due = index.due(120_000 + 2 * RESEND_AFTER_MS)
     assert [key for key, _, _ in due] == [b"b"], "the latest TTL once, the superseded none"
+
+
+def test_a_timer_re_armed_later_adds_no_entry_and_is_due_at_its_new_deadline() -> None:
+    """Every commit moves its key's TTL later; the index keeps the entry it has (the earlier
+    deadline) and, when that one pops, puts the armed timer back at its own."""
+    index = TimerIndex()
+    for commit in range(50):
+        for k in range(10):
+            index.update(f"k{k}".encode(), arm(KeyState(seq=commit), ttl_ms=1_000, now_ms=commit))
+    assert len(index._heap) == 10, "one entry per key, however many commits"
+
+    assert index.due(1_000 + 48) == [], "the first deadlines passed, the armed ones did not"
+    due = index.due(1_000 + 49)
+    assert sorted(key for key, _, _ in due) == [f"k{k}".encode() for k in range(10)]
+    assert {timer.token for _, _, timer in due} == {timer_token(TTL, 49, 1_049)}, "each key's latest TTL"
+
+
+def test_a_timer_re_armed_with_the_same_deadline_and_a_new_token_is_due_once() -> None:
+    index = TimerIndex()
+    index.update(KEY, arm(KeyState(seq=1), ttl_ms=1_000, now_ms=0))
+    index.update(KEY, arm(KeyState(seq=2), ttl_ms=1_000, now_ms=0))
+
+    [(_, _, timer)] = index.due(1_000)
+    assert timer.token == timer_token(TTL, 2, 1_000)
+    assert index.due(1_000) == []
+
+
+def test_a_sent_timer_re_armed_before_its_resend_is_due_at_its_new_deadline() -> None:
+    """A sent timer's entry waits RESEND_AFTER_MS; a timer armed in its place before then is
+    due at its own deadline, not at the old one's resend."""
+    index = TimerIndex()
+    index.update(KEY, arm(KeyState(seq=1), ttl_ms=1_000, now_ms=0))
+    assert [kind for _, kind, _ in index.due(1_000)] == [TTL]
+
+    index.update(KEY, arm(KeyState(seq=2), ttl_ms=1_000, now_ms=1_000))
+    assert index.due(1_999) == []
+    [(_, _, timer)] = index.due(2_000)
+    assert timer.token == timer_token(TTL, 2, 2_000)
 
 
 # 4. The keys waiting now (keylane_waiting_keys) ------------------------------------------------
