@@ -6,8 +6,16 @@ in Python: an activation's ten counter increments and five histogram observation
 tenth of the whole activation (the suspension round trip's profile). Every keylane metric is
 written from its process's event loop thread (lane jobs, timers, rebalance callbacks, which
 Faust runs there too); the metrics server's thread only reads, and reading a float is atomic.
-So a value here is a plain float, and ``observe`` finds its bucket by bisection. The
-exposition is prometheus_client's own, unchanged (tests/unit/test_metric_types.py).
+So a value here is a plain float. The exposition is prometheus_client's own, unchanged
+(tests/unit/test_metric_types.py).
+
+A histogram's ``observe`` only appends the amount to a deque; its buckets and sum take the
+amounts in (``_fold``, which finds each bucket by bisection) when FOLD_AT wait, and before
+every exposition, from whichever thread asks. An activation observes six histograms after
+its model answered, and bisecting each there and then cost 0.2 µs apiece. A deque's append
+and popleft are atomic, and folds take the histogram's lock, so a scrape during a burst loses
+nothing and counts nothing twice (tests/unit/test_metric_types.py scrapes from a thread while
+the loop observes).
 
 A metric written from another thread (a tool's worker thread, the pause watch) must use
 prometheus_client's own types: two threads adding to one value here could lose an increment.
@@ -15,11 +23,18 @@ prometheus_client's own types: two threads adding to one value here could lose a
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left
+from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 import prometheus_client
+from prometheus_client.samples import Sample
 from prometheus_client.values import MutexValue
+
+FOLD_AT = 256
+"""Observations a histogram keeps unfolded at most (about 2 KiB each, folded in ~30 µs)."""
 
 
 class _LoopValue(MutexValue):
@@ -72,14 +87,45 @@ class Histogram(prometheus_client.Histogram):
         _unlocked(self._sum)
         for bucket in self._buckets:
             _unlocked(bucket)
+        self._unfolded: deque[float] = deque()
+        self._folding = threading.Lock()
         self._observable = True
 
     def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
-        # prometheus_client's own observe for an exemplar, NaN (no bucket) or a labelled parent
-        if exemplar or amount != amount or not self._observable:
-            super().observe(amount, exemplar)
+        if exemplar or not self._observable:
+            # prometheus_client's own observe, which raises for a labelled parent; it adds to
+            # the values a fold adds to, so it takes the folds' lock
+            if not self._observable:
+                super().observe(amount, exemplar)
+                return
+            with self._folding:
+                super().observe(amount, exemplar)
             return
-        self._sum._value += amount
-        # The first bucket whose upper bound is >= amount, as prometheus_client's own scan finds
-        # it (the last bound is +Inf).
-        self._buckets[bisect_left(self._upper_bounds, amount)]._value += 1
+        unfolded = self._unfolded
+        unfolded.append(amount)
+        if len(unfolded) >= FOLD_AT:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Add the unfolded observations to the sum and buckets, in the order they came (a sum
+        of floats depends on it)."""
+        with self._folding:
+            unfolded, bounds = self._unfolded, self._upper_bounds
+            counts = [0] * len(bounds)
+            total = self._sum._value
+            # popleft, not a swap of the deque: an append racing the swap would be lost
+            for _ in range(len(unfolded)):
+                amount = unfolded.popleft()
+                total += amount
+                if amount == amount:  # NaN counts in the sum only, as prometheus_client counts it
+                    # The first bucket whose upper bound is >= amount, as prometheus_client's
+                    # own scan finds it (the last bound is +Inf).
+                    counts[bisect_left(bounds, amount)] += 1
+            self._sum._value = total
+            for bucket, count in zip(self._buckets, counts, strict=True):
+                if count:
+                    bucket._value += count
+
+    def _child_samples(self) -> Iterable[Sample]:
+        self._fold()
+        return super()._child_samples()

@@ -78,3 +78,47 @@ def test_the_errors_are_prometheus_clients() -> None:
         histogram.observe(1.0)  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="non-negative"):
         counter.labels("x").inc(-1)  # type: ignore[attr-defined]
+
+
+def test_a_histogram_scraped_from_another_thread_while_it_is_observed_loses_nothing() -> None:
+    """Observations wait in a deque until a fold (every FOLD_AT of them, or an exposition):
+    a scrape thread folding while the loop thread observes must neither lose an observation
+    nor count one twice, and each scrape must see every observation made before it began."""
+    import threading
+
+    theirs, reference, ours, metric = both("Histogram", "h_seconds", "h", buckets=BUCKETS)
+    rng = random.Random(11)
+    amounts = [rng.uniform(0, 2) for _ in range(60_000)]
+    done = threading.Event()
+    scrapes: list[tuple[int, float]] = []
+
+    def scrape() -> None:
+        while not done.is_set():
+            observed = metric._observed_so_far  # type: ignore[attr-defined]
+            text = generate_latest(ours).decode()
+            count = float(
+                next(line for line in text.splitlines() if line.startswith("h_seconds_count")).split()[1]
+            )
+            scrapes.append((observed, count))
+
+    metric._observed_so_far = 0  # type: ignore[attr-defined]
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        for n, amount in enumerate(amounts, 1):
+            metric.observe(amount)  # type: ignore[attr-defined]
+            metric._observed_so_far = n  # type: ignore[attr-defined]
+            reference.observe(amount)  # type: ignore[attr-defined]
+    finally:
+        done.set()
+        scraper.join()
+    assert len(scrapes) > 10, "the scrapes ran while the observations did"
+    assert all(count >= observed for observed, count in scrapes), "a scrape missed an earlier observation"
+    assert generate_latest(ours) == generate_latest(theirs)
+
+
+def test_a_histogram_folds_its_observations_before_they_pile_up() -> None:
+    _, _, _, metric = both("Histogram", "h_seconds", "h", buckets=BUCKETS)
+    for n in range(10 * metric_types.FOLD_AT):
+        metric.observe(n / 1000)  # type: ignore[attr-defined]
+        assert len(metric._unfolded) < metric_types.FOLD_AT  # type: ignore[attr-defined]
