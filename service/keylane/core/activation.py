@@ -924,8 +924,8 @@ class KeyRuntime:
         """Record the input as applied and stage its emits in the outbox, dropping settled ones
         (``outbox.staged``). Pure: the caller forgets delivered ids only when it commits the
         result (``_decided``)."""
-        # One replace, timers included: arm's own would copy the state a second time. The
-        # timers depend only on the continuation and seq, which this leaves as they are.
+        # One replace, timers included: a replace of its own would copy the state a second
+        # time. The timers depend only on the continuation and seq, which this leaves as they are.
         return struct_replace(
             _owned(state, record),
             applied=applied_with(state, record),

@@ -27,8 +27,6 @@ import heapq
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from msgspec.structs import replace
-
 from keylane.core.state import ArmedTimer, IntentKind, KeyState
 from keylane.wire import TimerFired, TimerKind
 
@@ -42,14 +40,10 @@ def timer_token(kind: str, seq: int, deadline_ms: int) -> str:
     return f"{kind}:{seq}:{deadline_ms}"
 
 
-def arm(state: KeyState, *, ttl_ms: int, now_ms: int) -> KeyState:
-    """The state with its timers set for what it is now: HITL at the suspension's deadline
-    (if suspended), TTL at max(now, deadline) + ttl."""
-    return replace(state, timers=armed(state, ttl_ms=ttl_ms, now_ms=now_ms))
-
-
 def armed(state: KeyState, *, ttl_ms: int, now_ms: int) -> dict[TimerKind, ArmedTimer]:
-    """The timers ``arm`` sets, for a caller that replaces other fields of ``state`` too."""
+    """The timers ``state`` has for what it is now: HITL at the suspension's deadline (if
+    suspended), TTL at max(now, deadline) + ttl. The runtime sets them in the same replace as
+    the rest of a commit's fields (``KeyRuntime._advance``)."""
     timers: dict[TimerKind, ArmedTimer] = {}
     cont = state.continuation
     ttl_from = now_ms

@@ -3,8 +3,10 @@ change nothing (stale, duplicate, early), and the worker's TimerIndex."""
 
 from __future__ import annotations
 
+from msgspec.structs import replace
+
 from keylane.core.state import ArmedTimer, Continuation, IntentKind, KeyState, PendingIntent
-from keylane.core.timers import HITL, RESEND_AFTER_MS, TTL, TimerIndex, arm, timer_token
+from keylane.core.timers import HITL, RESEND_AFTER_MS, TTL, TimerIndex, armed, timer_token
 from keylane.testing import ManualClock
 from tests.unit.hitl_support import (
     KEY,
@@ -20,6 +22,12 @@ from tests.unit.hitl_support import (
     harness_of,
     send_fire,
 )
+
+
+def arm(state: KeyState, *, ttl_ms: int, now_ms: int) -> KeyState:
+    """``state`` with the timers ``armed`` gives it, as the runtime commits it."""
+    return replace(state, timers=armed(state, ttl_ms=ttl_ms, now_ms=now_ms))
+
 
 # 1. Which timers a committed state arms -------------------------------------------------------
 
