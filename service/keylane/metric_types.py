@@ -92,12 +92,14 @@ class Histogram(prometheus_client.Histogram):
         self._observable = True
 
     def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
-        if exemplar or not self._observable:
-            # prometheus_client's own observe, which raises for a labelled parent; it adds to
-            # the values a fold adds to, so it takes the folds' lock
-            if not self._observable:
-                super().observe(amount, exemplar)
-                return
+        if not self._observable:  # a labelled parent: prometheus_client's own observe raises
+            super().observe(amount, exemplar)
+            return
+        if exemplar:
+            # prometheus_client's own observe keeps the exemplar. It adds to what a fold adds
+            # to: after the amounts before it (a sum of floats depends on the order; only this
+            # thread observes), under the folds' lock.
+            self._fold()
             with self._folding:
                 super().observe(amount, exemplar)
             return

@@ -28,7 +28,8 @@ MIN_STATE_BYTES = 4096
 # Complete, Suspend and LlmResponse are msgspec Structs, not frozen dataclasses: every
 # activation builds one (and every model call an LlmResponse) after its model answered, and a
 # frozen dataclass sets each field through object.__setattr__ (0.33-0.44 µs here, where a
-# Struct takes about 0.1). Both are immutable, compare by value and take the same arguments.
+# Struct takes about 0.1). All three are immutable, compare by value and take the same
+# arguments.
 class Complete(msgspec.Struct, frozen=True):
     """The activation is done; ``output`` goes to agent.output under the physical key."""
 
