@@ -379,11 +379,19 @@ def plots(results: dict[str, Result], out_dir: Path) -> list[str]:
         fig.savefig(out_dir / "fanout_scaling.png", dpi=110)
         plt.close(fig)
         made.append("fanout_scaling.png")
-    commits = [(k, sample_figure(results, names.STATE_COMMIT[k], "p50")) for k in names.STATE_SIZES_KIB]
-    if all(v is not None for _, v in commits):
+    commits = [
+        (k, v)
+        for k in names.STATE_SIZES_KIB
+        if (v := sample_figure(results, names.STATE_COMMIT[k], "p50")) is not None
+    ]
+    encodes = [
+        (k, v)
+        for k in names.STATE_SIZES_KIB
+        if (v := sample_figure(results, names.ENCODE[k], "p50")) is not None
+    ]
+    if len(commits) == len(names.STATE_SIZES_KIB):
         fig, ax = plt.subplots(figsize=(7, 4))
         ax.plot([k for k, _ in commits], [v for _, v in commits], "o-", label="activation + commit (p50)")
-        encodes = [(k, sample_figure(results, names.ENCODE[k], "p50")) for k in names.STATE_SIZES_KIB]
         ax.plot([k for k, _ in encodes], [v for _, v in encodes], "s--", label="encode only (p50)")
         ax.set_xlabel("committed memory blob (KiB)")
         ax.set_ylabel("ms")

@@ -24,7 +24,7 @@ import gc
 import selectors
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -125,7 +125,7 @@ def select_loop() -> asyncio.AbstractEventLoop:
     return asyncio.SelectorEventLoop(selectors.SelectSelector())
 
 
-async def microsecond_timers(main: Callable[[], Awaitable[T]]) -> T:
+async def microsecond_timers(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """``main()`` on a select_loop of its own, in a thread."""
 
     def run() -> T:
@@ -192,7 +192,7 @@ async def bench_noop(recorder: Recorder, count: int, reps: int) -> None:
         recorder.add(rated(name, "activations/s", rates, keys=keys))
 
 
-def overhead_sampler(tier_ms: int) -> Callable[[int], Awaitable[list[float]]]:
+def overhead_sampler(tier_ms: int) -> Callable[[int], Coroutine[Any, Any, list[float]]]:
     """Wall time of ``n`` activations whose model call takes ``tier_ms``, less ``tier_ms``,
     CONCURRENT_KEYS keys at once: a sampler for a loop on microsecond timers."""
     provider = FakeLLM([(match_any(), respond_with(b"ok", latency_ms=tier_ms))])
@@ -228,7 +228,7 @@ async def timer_lateness(n: int) -> list[float]:
     return samples
 
 
-def suspension_sampler() -> Callable[[int], Awaitable[list[float]]]:
+def suspension_sampler() -> Callable[[int], Coroutine[Any, Any, list[float]]]:
     """Wall time of ``n`` round trips over 100 keys: an activation that stages a tool intent
     and suspends, then the tool's result that resumes and completes it."""
     registry = ToolRegistry()

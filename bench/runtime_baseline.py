@@ -51,7 +51,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import IO, Any
 
@@ -215,7 +215,7 @@ def serve(requests: IO[str], answers: IO[str]) -> None:
 
 
 def own_cost_samples(
-    runner: asyncio.Runner, samplers: dict[str, Callable[[int], Awaitable[list[float]]]], count: int
+    runner: asyncio.Runner, samplers: dict[str, Callable[[int], Coroutine[Any, Any, list[float]]]], count: int
 ) -> dict[str, list[float]]:
     """``count`` samples of ``serve``'s overhead_50 sampler and ``count`` of its timer_baseline,
     in slices of SLICE that take turns (overhead first in every other pair): both figures of an
