@@ -35,6 +35,12 @@ EXIT_USAGE = 2  # the command line itself is wrong
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error in one line and points at --help."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The innermost parser a command line reached: it reports the words nobody took, so
+        # the line points at that subcommand's --help, whose options the user was after.
+        self.set_defaults(reached=self)
+
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
 
@@ -754,7 +760,9 @@ def _send_key_command(action: KeyAction, args: argparse.Namespace) -> tuple[KeyC
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``keylane`` console script."""
-    args = build_parser().parse_args(argv)
+    args, stray = build_parser().parse_known_args(argv)
+    if stray:
+        args.reached.error(f"unrecognized arguments: {' '.join(stray)}")
     if args.handler is None:
         parser, metavar, subcommands = args.choose_from
         parser.error(f"missing {metavar}: one of {', '.join(subcommands.choices)}")

@@ -130,6 +130,16 @@ def newcomer_env(tmp_path: Path, **variables: str) -> dict[str, str]:
     [
         (["--bogus"], {}, "keylane: unrecognized arguments: --bogus (see 'keylane --help')"),
         (
+            [*AGENT, "--max-in-flight", "8"],
+            {},
+            "keylane worker: unrecognized arguments: --max-in-flight 8 (see 'keylane worker --help')",
+        ),
+        (
+            ["errors", "redrive", "--id", "x"],
+            {},
+            "keylane errors redrive: unrecognized arguments: --id x (see 'keylane errors redrive --help')",
+        ),
+        (
             [],
             {},
             "keylane: missing COMMAND: one of topics, worker, effector, inspect, errors, approve, "
@@ -175,6 +185,8 @@ def newcomer_env(tmp_path: Path, **variables: str) -> dict[str, str]:
     ],
     ids=[
         "bogus-option",
+        "bogus-worker-option",
+        "bogus-option-two-commands-deep",
         "no-command",
         "no-action",
         "approvals-list-no-broker",
