@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from keylane.catalog import ERRORS, Catalog, load_catalog
 from keylane.config import Settings
-from keylane.errors import ConfigError, KeylaneError
+from keylane.errors import ConfigError, KeylaneError, UserCodeFailed
 from keylane.kafka.topic_admin import admin_client, apply_catalog, inspect_catalog
 from keylane.wire import KeyAction, KeyCommand
 
@@ -774,6 +774,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except KeylaneError as exc:
+        if isinstance(exc, UserCodeFailed):
+            print(exc.traceback, end="", file=sys.stderr)
         print(f"keylane: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:

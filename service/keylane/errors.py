@@ -32,6 +32,15 @@ class ConfigError(KeylaneError):
     """Configuration or command-line input is wrong; the message names the fix."""
 
 
+class UserCodeFailed(ConfigError):
+    """User code named on the command line raised while it loaded. ``traceback`` holds the
+    frames of the user's code, which say where; the message says what was being loaded."""
+
+    def __init__(self, message: str, traceback: str) -> None:
+        super().__init__(message)
+        self.traceback = traceback
+
+
 class BrokerUnavailable(KeylaneError):
     """No Kafka broker answered at the configured bootstrap address."""
 

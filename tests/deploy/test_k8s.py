@@ -281,7 +281,7 @@ def test_termination_grace_outlasts_what_a_stop_finishes(overlay: tuple[str, lis
     container = _main(effector)
     args = build_parser().parse_args(_argv(container))
     for module in args.tools:
-        import_module(module)
+        import_module(module, "--tools")
     specs = [s for s in default_registry.specs() if s.fn.__module__ in args.tools]
     assert specs, f"no tools registered by {args.tools}"
     # A running tool is never cut short: its longest attempt plus the margins of the group.

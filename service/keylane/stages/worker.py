@@ -135,7 +135,7 @@ def run_effector(
 ) -> int:
     """Run the effector until a signal; tools come from the modules named (their @tool calls)."""
     for module in tool_modules:
-        import_module(module)
+        import_module(module, "--tools")
     if not default_registry.names():
         raise ConfigError("no tools are registered: pass --tools with the module(s) that declare them")
     with quiet_client_logs():
