@@ -438,6 +438,8 @@ def _worker(args: argparse.Namespace) -> int:
 def _effector(args: argparse.Namespace) -> int:
     from keylane.stages.worker import run_effector
 
+    if not 0 < args.tool_timeout < float("inf"):  # nan too
+        raise ConfigError(f"--tool-timeout must be a number of seconds above 0, got {args.tool_timeout}")
     settings = _settings(args)
     return run_effector(
         settings, _catalog(settings), tool_modules=args.tools, tool_timeout_s=args.tool_timeout
@@ -575,7 +577,7 @@ _SHOWN_FIRST = ("id", "error_id", "reason", "at", "key", "origin", "detail", "st
 def _errors_redrive(args: argparse.Namespace) -> int:
     from keylane.dead_letters import Step, find_redriven, plan, search_space, send
 
-    if args.rate <= 0:
+    if not args.rate > 0:  # nan too
         raise ConfigError(f"--rate must be above 0, got {args.rate}")
     if not args.dry_run and not ((args.operator or "").strip() and (args.why or "").strip()):
         raise ConfigError(

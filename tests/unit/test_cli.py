@@ -60,6 +60,15 @@ def test_every_subcommand_has_help(words: list[str], capsys: pytest.CaptureFixtu
         (["topics", "check", "--bootstrap-servers", "127.0.0.1:1"], "cannot reach Kafka at 127.0.0.1:1"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (
+            ["effector", "--tools", "examples.support_agent", "--tool-timeout", "-5"],
+            "--tool-timeout must be a number of seconds above 0, got -5.0",
+        ),
+        (
+            ["effector", "--tools", "examples.support_agent", "--tool-timeout", "nan"],
+            "--tool-timeout must be a number of seconds above 0, got nan",
+        ),
+        (["errors", "redrive", "--dry-run", "--rate", "nan"], "--rate must be above 0, got nan"),
+        (
             ["worker", "--agent", "tests.agents.flow:remember", "--provider", "opnai+http://h/v1?model=m"],
             "unknown scheme 'opnai+http'",
         ),
