@@ -134,9 +134,9 @@ def java() -> str:
 
 
 # Below Linux's default ephemeral range (32768-60999): a port the kernel hands to outgoing
-# connections can be taken between our probe and the broker's bind. This is why the brokers'
-# ports do not come from keylane.testing.processes.free_port (the kernel's pick, in that
-# range), besides this script being stdlib-only: it runs before keylane is installed.
+# connections can be taken between our probe and the broker's bind. keylane.testing.processes
+# .free_port picks below it too, from 10000-20000; this script keeps its own picker, since it
+# is stdlib-only: it runs before keylane is installed.
 PORT_RANGE = (20000, 32000)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -34,11 +35,34 @@ class ProcessFailed(RuntimeError):
     """A process exited, logged a fatal line, or was not ready in time; the message ends with its log."""
 
 
+FREE_PORTS = (10000, 20000)
+"""Where ``free_port`` picks: below Linux's ephemeral range (32768-60999 by default), whose ports
+the kernel hands to outgoing connections. A port it picked there (``bind(0)``) could be taken
+by a client's connection between the probe and the process's own bind: a CI run's ``make run``
+lost its effector to "Address already in use" that way. The local brokers take theirs from
+20000-32000 (deploy/kafka/local_kafka.py)."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that was free a moment ago (the kernel's pick), e.g. for /metrics."""
+    """A TCP port on ``host`` that was free a moment ago, e.g. for /metrics, outside the
+    kernel's ephemeral range (FREE_PORTS); the kernel's pick if none of 200 tries is free."""
+    ephemeral = _ephemeral_ports()
+    for _ in range(200):
+        port = FREE_PORTS[0] + secrets.randbelow(FREE_PORTS[1] - FREE_PORTS[0])
+        if port not in ephemeral and port_free(port, host):
+            return port
     with socket.socket() as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
+
+
+def _ephemeral_ports() -> range:
+    """The kernel's ephemeral port range (Linux's default when /proc does not say)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
