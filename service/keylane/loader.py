@@ -19,16 +19,17 @@ def import_module(name: str, what: str) -> ModuleType:
     as ``python -m`` would have it."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    doing = f"importing {name!r} (for {what})"
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name is None or not _is_module_or_package_of(exc.name, name):
-            raise _failed(f"importing {name!r} (for {what})", exc) from exc
+            raise _failed(doing, exc) from exc
         raise ConfigError(
             f"cannot import module {name!r} (for {what}: {exc}); check the name and run from the project root"
         ) from exc
     except Exception as exc:
-        raise _failed(f"importing {name!r} (for {what})", exc) from exc
+        raise _failed(doing, exc) from exc
 
 
 def _is_module_or_package_of(missing: str, name: str) -> bool:
