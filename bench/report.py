@@ -384,14 +384,14 @@ def plots(results: dict[str, Result], out_dir: Path) -> list[str]:
         for k in names.STATE_SIZES_KIB
         if (v := sample_figure(results, names.STATE_COMMIT[k], "p50")) is not None
     ]
-    encodes = [
-        (k, v)
-        for k in names.STATE_SIZES_KIB
-        if (v := sample_figure(results, names.ENCODE[k], "p50")) is not None
-    ]
     if len(commits) == len(names.STATE_SIZES_KIB):
         fig, ax = plt.subplots(figsize=(7, 4))
         ax.plot([k for k, _ in commits], [v for _, v in commits], "o-", label="activation + commit (p50)")
+        encodes = [
+            (k, v)
+            for k in names.STATE_SIZES_KIB
+            if (v := sample_figure(results, names.ENCODE[k], "p50")) is not None
+        ]
         ax.plot([k for k, _ in encodes], [v for _, v in encodes], "s--", label="encode only (p50)")
         ax.set_xlabel("committed memory blob (KiB)")
         ax.set_ylabel("ms")
